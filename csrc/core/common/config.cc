@@ -1,0 +1,91 @@
+#include "core/common/config.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "core/common/error.h"
+
+namespace weft {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return (value != nullptr && value[0] != '\0') ? value : nullptr;
+}
+
+double env_double(const char* name, double fallback) {
+  const char* value = env(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  double parsed = std::strtod(value, &end);
+  if (*end != '\0' || parsed <= 0) {
+    throw InvalidArgument(std::string(name) + "='" + value + "' is not a positive number");
+  }
+  return parsed;
+}
+
+long env_long(const char* name, long fallback) {
+  const char* value = env(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed <= 0) {
+    throw InvalidArgument(std::string(name) + "='" + value + "' is not a positive integer");
+  }
+  return parsed;
+}
+
+std::string default_host_id() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  return std::string(host) + "/" + boot_id;
+}
+
+Config parse() {
+  Config c;
+  if (const char* t = env("WEFT_TRANSPORT")) {
+    std::string s(t);
+    if (s == "tcp") {
+      c.transport = TransportChoice::Tcp;
+    } else if (s == "shm") {
+      c.transport = TransportChoice::Shm;
+    } else if (s != "auto") {
+      throw InvalidArgument("WEFT_TRANSPORT='" + s + "': use auto, tcp or shm");
+    }
+  }
+  c.timeout_s = env_double("WEFT_TIMEOUT_S", c.timeout_s);
+  if (const char* d = env("WEFT_DEBUG")) {
+    std::string s(d);
+    if (s == "INFO" || s == "info") {
+      c.log_level = LogLevel::Info;
+    } else if (s == "TRACE" || s == "trace") {
+      c.log_level = LogLevel::Trace;
+    } else if (s != "OFF" && s != "off" && s != "WARN" && s != "warn") {
+      throw InvalidArgument("WEFT_DEBUG='" + s + "': use INFO, TRACE or OFF");
+    }
+  }
+  const char* host = env("WEFT_HOST_ID");
+  c.host_id = host ? host : default_host_id();
+  if (const char* ifname = env("WEFT_SOCKET_IFNAME")) c.socket_ifname = ifname;
+  c.shm_slot_bytes = env_long("WEFT_SHM_SLOT_BYTES", c.shm_slot_bytes);
+  c.shm_slots = env_long("WEFT_SHM_SLOTS", c.shm_slots);
+  c.tcp_slot_bytes = env_long("WEFT_TCP_SLOT_BYTES", c.tcp_slot_bytes);
+  c.tcp_slots = env_long("WEFT_TCP_SLOTS", c.tcp_slots);
+  if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
+  c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
+  c.small_bytes = env_long("WEFT_SMALL_BYTES", c.small_bytes);
+  return c;
+}
+
+}  // namespace
+
+const Config& config() {
+  static const Config parsed = parse();
+  return parsed;
+}
+
+}  // namespace weft

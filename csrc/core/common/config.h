@@ -1,0 +1,32 @@
+// Settings read once from WEFT_* environment variables. Every variable is
+// documented in the README; nothing else in the core calls getenv.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace weft {
+
+enum class TransportChoice { Auto, Tcp, Shm };
+enum class LogLevel { Off, Info, Trace };
+
+struct Config {
+  TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm
+  double timeout_s = 300.0;                           // WEFT_TIMEOUT_S
+  LogLevel log_level = LogLevel::Off;                 // WEFT_DEBUG=INFO|TRACE
+  std::string host_id;                                // WEFT_HOST_ID (default: hostname + boot id)
+  std::string socket_ifname;                          // WEFT_SOCKET_IFNAME
+  size_t shm_slot_bytes = 256 * 1024;                 // WEFT_SHM_SLOT_BYTES
+  int shm_slots = 8;                                  // WEFT_SHM_SLOTS
+  size_t tcp_slot_bytes = 1024 * 1024;                // WEFT_TCP_SLOT_BYTES
+  int tcp_slots = 4;                                  // WEFT_TCP_SLOTS
+  bool shm_cma = false;                               // WEFT_SHM_CMA=1: process_vm_readv transfers
+  size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES
+  size_t small_bytes = 16 * 1024;                     // WEFT_SMALL_BYTES: one-shot allreduce limit
+};
+
+// The process-wide configuration, parsed from the environment on first use.
+// Throws InvalidArgument naming the variable when a value is malformed.
+const Config& config();
+
+}  // namespace weft

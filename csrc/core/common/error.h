@@ -1,0 +1,43 @@
+// Exceptions thrown by the core. The Python bindings map each class to a
+// Python exception with the same message.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace weft {
+
+// Base of every error weft raises.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The caller passed something wrong (buffer, dtype, size, rank, env var).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// A wait ran past the communicator's timeout.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer died, closed its connection or broke the protocol.
+class PeerError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The communicator was aborted by an earlier error; it cannot be used again.
+class AbortedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Throws a PeerError built from errno of a failed system call.
+[[noreturn]] void throw_system_error(const std::string& what, int err);
+
+}  // namespace weft

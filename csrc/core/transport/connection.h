@@ -1,0 +1,56 @@
+// A Connection carries one channel of traffic between this rank and one peer,
+// in both directions, as a FIFO of messages. Both sides agree on every
+// message's length in advance (it follows from the Plan), so messages carry no
+// framing the executor sees. Every call is non-blocking: the executor polls,
+// calls progress() while it waits and owns the timeout.
+//
+// A message is at most slot_bytes() long. capacity_bytes() is how much a
+// sender can have posted and not yet received by the peer without waiting for
+// it: Plans keep each step within half of it so rings cannot deadlock.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace weft {
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // ---- sending ----
+  // A buffer of slot_bytes() to fill with the next message, or nullptr while
+  // every slot is still in flight. Follow with post_send().
+  virtual void* send_slot() = 0;
+  virtual void post_send(size_t bytes) = 0;
+  // Sends `bytes` read from `src`, which stays valid and unchanged until
+  // sends_complete() returns true. Returns false (and does nothing) while no
+  // slot is free; call again. The transport may copy, or send by reference
+  // (zero-copy socket write, process_vm_readv by the peer).
+  virtual bool send_from(const void* src, size_t bytes) = 0;
+  // True once nothing posted is still waiting to leave this process (or, for
+  // sends by reference, to be read by the peer).
+  virtual bool sends_complete() = 0;
+
+  // ---- receiving ----
+  // The next message, which must be `bytes` long, or nullptr until it has
+  // arrived. Stays valid until release_recv().
+  virtual const void* recv_slot(size_t bytes) = 0;
+  virtual void release_recv() = 0;
+  // Moves the next message (`bytes` long) into `dst`. Returns false until all
+  // of it has arrived; call again with the same arguments.
+  virtual bool recv_into(void* dst, size_t bytes) = 0;
+
+  // Moves bytes (sockets) and checks that the peer is alive. Throws PeerError
+  // when the peer is gone or broke the protocol.
+  virtual void progress() = 0;
+
+  // Closes the connection so that the peer notices (used on abort).
+  virtual void shutdown() = 0;
+
+  virtual size_t slot_bytes() const = 0;
+  virtual size_t capacity_bytes() const = 0;
+  virtual const char* transport_name() const = 0;
+};
+
+}  // namespace weft

@@ -1,0 +1,16 @@
+"""weft: collective communication for PyTorch.
+
+``weft.Communicator`` is the torch-free core API over any writable
+C-contiguous buffer (numpy arrays, CPU torch tensors).
+"""
+
+from weft._C import (  # noqa: F401
+    AbortedError,
+    Communicator,
+    Error,
+    Handle,
+    PeerError,
+    TimeoutError,
+)
+
+__all__ = ["Communicator", "Handle", "Error", "PeerError", "TimeoutError", "AbortedError"]

@@ -1,0 +1,75 @@
+"""Run a function on N local ranks, each its own process, joined by a TCPStore.
+
+Used by the benchmark and by anyone who wants a quick multi-rank job without
+torchrun: ``weft.local.spawn(fn, 2, arg)`` calls ``fn(rank, size, store, arg)``
+in two fresh processes and returns their results in rank order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_store(rank: int, size: int, port: int, timeout_s: float = 60.0):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        "127.0.0.1", port, size, rank == 0, timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def _child(fn, rank, size, port, env, args, results):
+    os.environ.update(env or {})
+    try:
+        store = make_store(rank, size, port)
+        results.put((rank, True, fn(rank, size, store, *args)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, traceback.format_exc()))
+
+
+def spawn(fn, size: int, *args, env: dict | None = None, timeout: float = 600.0) -> list:
+    """Runs ``fn(rank, size, store, *args)`` on ``size`` processes.
+
+    ``fn`` must be importable (a module-level function). Raises RuntimeError
+    with the failing rank's traceback if any rank fails, and kills every rank
+    that is still running after ``timeout`` seconds.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_child, args=(fn, r, size, port, env, args, results), daemon=True)
+        for r in range(size)
+    ]
+    for p in procs:
+        p.start()
+    collected: dict[int, object] = {}
+    failures = []
+    try:
+        for _ in range(size):
+            rank, ok, value = results.get(timeout=timeout)
+            if ok:
+                collected[rank] = value
+            else:
+                failures.append(f"rank {rank} failed:\n{value}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=0 if failures else 10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if failures:
+        raise RuntimeError("\n".join(failures))
+    return [collected[r] for r in range(size)]

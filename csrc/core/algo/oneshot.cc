@@ -1,0 +1,78 @@
+// One-shot allreduce: one round of messages, then a local reduction. For
+// small messages latency is everything, and this needs a single hop. Every
+// rank reduces the contributions in rank order so that all ranks get
+// bit-identical floating-point results.
+#include "core/algo/algorithms.h"
+
+namespace weft::algo {
+
+Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
+  const int n = ctx.size, r = ctx.rank;
+  if (n == 1) return local_copy(count, in_place, finalize);
+  Plan plan;
+  plan.algorithm = "oneshot";
+  if (count == 0) return plan;
+  for (int k = 1; k < n; ++k) {
+    Step s;
+    s.count = count;
+    s.local = Span{Buf::Input, 0, count};
+    s.send_peer = (r + k) % n;
+    plan.steps.push_back(s);
+  }
+  if (n == 2) {
+    // a + b == b + a exactly, so reducing straight from the peer's message is
+    // already in rank order.
+    Step s;
+    s.count = count;
+    s.recv_peer = 1 - r;
+    s.local = Span{Buf::Input, 0, count};
+    s.dst = Span{Buf::Output, 0, count};
+    s.finalize = finalize;
+    s.wait_sends = in_place;
+    plan.steps.push_back(s);
+    return plan;
+  }
+  // Contributions land in Scratch (ours too, so that in-place Output can be
+  // overwritten freely), then one ordered reduction fills Output.
+  plan.scratch_count = n * count;
+  Step own;
+  own.count = count;
+  own.local = Span{Buf::Input, 0, count};
+  own.dst = Span{Buf::Scratch, r * count, count};
+  plan.steps.push_back(own);
+  for (int k = 1; k < n; ++k) {
+    int from = (r - k + n) % n;
+    Step s;
+    s.count = count;
+    s.recv_peer = from;
+    s.dst = Span{Buf::Scratch, from * count, count};
+    plan.steps.push_back(s);
+  }
+  Step reduce;
+  reduce.kind = Step::Kind::LocalReduce;
+  reduce.count = count;
+  reduce.dst = Span{Buf::Output, 0, count};
+  reduce.local = Span{Buf::Scratch, 0, n * count};
+  reduce.finalize = finalize;
+  reduce.wait_sends = in_place;
+  plan.steps.push_back(reduce);
+  return plan;
+}
+
+Plan barrier(const PlanContext& ctx) {
+  Plan plan;
+  plan.algorithm = "barrier";
+  // Zero-length Exchange steps still send and wait for one message each way.
+  for (int k = 1; k < ctx.size; ++k) {
+    Step s;
+    s.kind = Step::Kind::Exchange;
+    s.send_peer = (ctx.rank + k) % ctx.size;
+    s.recv_peer = (ctx.rank - k + ctx.size) % ctx.size;
+    s.local = Span{Buf::Input, 0, 0};
+    s.dst = Span{Buf::Output, 0, 0};
+    plan.steps.push_back(s);
+  }
+  return plan;
+}
+
+}  // namespace weft::algo

@@ -1,0 +1,80 @@
+// A Plan is what every algorithm produces and the executor runs: for one
+// rank, an ordered list of steps over element ranges of the operation's
+// buffers. Steps run one after another; inside a step the executor streams
+// slices through the connections, so neighbouring ranks work on different
+// steps at the same time (that is the pipeline).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weft {
+
+// The buffers a step can name. Scratch is per-communicator memory the
+// executor sizes from Plan::scratch_count.
+enum class Buf : uint8_t { Input, Output, Scratch };
+
+struct Span {
+  Buf buf;
+  size_t offset;  // elements
+  size_t count;   // elements
+};
+
+struct Step {
+  enum class Kind : uint8_t {
+    // One stream of `count` elements: data = received (from recv_peer) reduced
+    // with `local` (either may be absent); written to `dst` and/or sent to
+    // send_peer. Covers send, copy, recv, recv-reduce, recv-reduce-send,
+    // recv-reduce-copy-send and recv-copy-send.
+    Fused,
+    // Two independent transfers progressed together: `local` is sent to
+    // send_peer while `dst` is received from recv_peer (all-to-all, gather).
+    // A side whose span is empty still sends (or awaits) one empty message.
+    Exchange,
+    // No communication: `local` holds size() blocks of `count` elements and
+    // dst = block 0 (op) block 1 (op) ... in that order.
+    LocalReduce,
+  };
+  Kind kind = Kind::Fused;
+  int recv_peer = -1;
+  int send_peer = -1;
+  std::optional<Span> local;
+  std::optional<Span> dst;
+  // Divide the result by the world size (ReduceOp::Avg's last reduction).
+  bool finalize = false;
+  // Wait until every earlier send has left the process first: set on steps
+  // that overwrite memory an earlier step sent by reference (in-place ops).
+  bool wait_sends = false;
+  // Fused: the stream length (every present span has this count).
+  size_t count = 0;
+};
+
+struct Plan {
+  std::string algorithm;  // for logs and tests, e.g. "ring", "oneshot"
+  std::vector<Step> steps;
+  size_t scratch_count = 0;  // elements of Scratch the steps use
+};
+
+// What every generator needs to know about the world it plans for.
+struct PlanContext {
+  int rank;
+  int size;
+  size_t elem_size;
+  // Largest number of bytes one step may push into a connection before the
+  // peer consumes it; bounds ring chunks so rings cannot deadlock.
+  size_t max_step_bytes;
+};
+
+// Splits `count` elements into `parts` nearly equal pieces; piece i starts at
+// part_offset(count, parts, i) and has part_count(count, parts, i) elements.
+inline size_t part_count(size_t count, size_t parts, size_t i) {
+  return count / parts + (i < count % parts ? 1 : 0);
+}
+inline size_t part_offset(size_t count, size_t parts, size_t i) {
+  return i * (count / parts) + (i < count % parts ? i : count % parts);
+}
+
+}  // namespace weft

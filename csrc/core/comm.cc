@@ -1,0 +1,337 @@
+#include "core/comm.h"
+
+#include <algorithm>
+
+#include "core/algo/algorithms.h"
+#include "core/common/config.h"
+#include "core/common/error.h"
+#include "core/common/log.h"
+#include "core/transport/shm/shm_connection.h"
+#include "core/transport/tcp/tcp_connection.h"
+
+namespace weft {
+namespace {
+
+// Sockets per peer pair: a control socket (shared-memory setup and liveness)
+// and one per TCP channel.
+constexpr int kControlSocket = 0;
+constexpr int kChannels = 2;  // 0: collectives, 1: point-to-point
+constexpr int kSocketsPerPeer = 1 + kChannels;
+
+// Outputs at least this large are written with non-temporal stores: they
+// will not be read again while still in cache.
+constexpr size_t kStreamingBytes = 8u << 20;
+
+char transport_code(TransportChoice choice) {
+  switch (choice) {
+    case TransportChoice::Tcp: return 't';
+    case TransportChoice::Shm: return 's';
+    case TransportChoice::Auto: return 'a';
+  }
+  return 'a';
+}
+
+}  // namespace
+
+Communicator::Communicator(Store& store, int rank, int size, const std::string& name,
+                           double timeout_s)
+    : rank_(rank), size_(size), timeout_s_(timeout_s > 0 ? timeout_s : config().timeout_s) {
+  if (size < 1) throw InvalidArgument("world size must be at least 1, got " + std::to_string(size));
+  if (rank < 0 || rank >= size) {
+    throw InvalidArgument("rank " + std::to_string(rank) + " is outside the world of size " +
+                          std::to_string(size));
+  }
+  connect(store, name);
+}
+
+Communicator::~Communicator() = default;
+
+void Communicator::connect(Store& store, const std::string& name) {
+  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, kSocketsPerPeer, timeout_s_);
+  const Config& cfg = config();
+  collective_conns_.resize(size_);
+  p2p_conns_.resize(size_);
+  // Both ends must pick the same transport: tell each peer what we were
+  // asked for before deciding.
+  const char mine = transport_code(cfg.transport);
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) {
+      mesh_->socket(p, kControlSocket).send_all(&mine, 1, Deadline(timeout_s_), "transport choice");
+    }
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Socket& control = mesh_->socket(p, kControlSocket);
+    char theirs = 0;
+    control.recv_all(&theirs, 1, Deadline(timeout_s_), "transport choice of rank " + std::to_string(p));
+    if (theirs != mine) {
+      throw InvalidArgument("ranks " + std::to_string(rank_) + " and " + std::to_string(p) +
+                            " were started with different WEFT_TRANSPORT settings; set the same "
+                            "value on every rank");
+    }
+    const bool same_host = mesh_->peer(p).host_id == cfg.host_id;
+    if (cfg.transport == TransportChoice::Shm && !same_host) {
+      throw InvalidArgument("WEFT_TRANSPORT=shm, but rank " + std::to_string(p) +
+                            " is on another host (host id '" + mesh_->peer(p).host_id +
+                            "' vs '" + cfg.host_id + "'); use tcp or auto");
+    }
+    const bool use_shm = cfg.transport == TransportChoice::Shm ||
+                         (cfg.transport == TransportChoice::Auto && same_host);
+    for (int channel = 0; channel < kChannels; ++channel) {
+      std::unique_ptr<Connection> conn;
+      if (use_shm) {
+        ShmOptions opts{cfg.shm_slot_bytes, cfg.shm_slots, cfg.shm_cma, cfg.cma_min_bytes};
+        conn = make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts,
+                                   timeout_s_);
+      } else {
+        TcpOptions opts{cfg.tcp_slot_bytes, cfg.tcp_slots};
+        conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);
+      }
+      (channel == 0 ? collective_conns_ : p2p_conns_)[p] = std::move(conn);
+    }
+    WEFT_LOG(Info, rank_, "transport to rank " << p << ": " << transport_to(p));
+  }
+  auto raw = [](const std::vector<std::unique_ptr<Connection>>& conns) {
+    std::vector<Connection*> out;
+    for (const auto& c : conns) out.push_back(c.get());
+    return out;
+  };
+  executor_ = std::make_unique<Executor>(raw(collective_conns_));
+  p2p_ = std::make_unique<P2p>(rank_, raw(p2p_conns_));
+}
+
+std::string Communicator::transport_to(int peer) const {
+  if (peer == rank_) return "self";
+  return collective_conns_.at(peer)->transport_name();
+}
+
+PlanContext Communicator::plan_context(DataType dtype) const {
+  size_t capacity = SIZE_MAX;
+  for (const auto& conn : collective_conns_) {
+    if (conn) capacity = std::min(capacity, conn->capacity_bytes());
+  }
+  return PlanContext{rank_, size_, element_size(dtype), capacity / 2};
+}
+
+Plan Communicator::make_plan(const PlanKey& key, DataType dtype) const {
+  const auto [coll, count, elem_size, root, in_place, finalize] = key;
+  (void)elem_size;
+  const PlanContext ctx = plan_context(dtype);
+  switch (coll) {
+    case Coll::Allreduce:
+      if (count * ctx.elem_size <= config().small_bytes) {
+        return algo::oneshot_allreduce(ctx, count, in_place, finalize);
+      }
+      return algo::ring_allreduce(ctx, count, in_place, finalize);
+    case Coll::ReduceScatter: return algo::ring_reduce_scatter(ctx, count, finalize);
+    case Coll::Allgather: return algo::ring_allgather(ctx, count, in_place);
+    case Coll::Broadcast: return algo::chain_broadcast(ctx, count, root);
+    case Coll::Reduce: return algo::chain_reduce(ctx, count, root, in_place, finalize);
+    case Coll::Barrier: return algo::barrier(ctx);
+  }
+  throw Error("unknown collective");
+}
+
+const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {
+  auto it = plans_.find(key);
+  if (it == plans_.end()) it = plans_.emplace(key, make_plan(key, dtype)).first;
+  return it->second;
+}
+
+OpContext Communicator::op_context(const char* name, uint64_t seq, DataType dtype, ReduceOp op,
+                                   size_t out_bytes) const {
+  return OpContext{name, seq, rank_, size_, timeout_s_, dtype, op, out_bytes >= kStreamingBytes};
+}
+
+void Communicator::check_usable() const {
+  if (!aborted_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  throw AbortedError("this communicator was aborted by an earlier error and cannot be used "
+                     "again; create a new one. The error was: " +
+                     abort_reason_);
+}
+
+void Communicator::fail(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  for (auto* conns : {&collective_conns_, &p2p_conns_}) {
+    for (auto& conn : *conns) {
+      if (conn) conn->shutdown();
+    }
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) mesh_->socket(p, kControlSocket).shutdown();
+  }
+}
+
+void Communicator::abort(const std::string& reason) { fail("aborted by the user: " + reason); }
+
+void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, const void* in,
+                           void* out, DataType dtype, ReduceOp op, size_t out_bytes) {
+  WEFT_LOG(Info, rank_,
+           name << " #" << seq << ": " << to_string(dtype) << ", " << to_string(op) << ", "
+                << out_bytes << " bytes out, algorithm " << plan.algorithm << " ("
+                << plan.steps.size() << " steps)");
+  const size_t scratch_bytes = plan.scratch_count * element_size(dtype);
+  if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
+  OpBuffers buffers{in, out, scratch_.data()};
+  try {
+    executor_->run(plan, buffers, op_context(name, seq, dtype, op, out_bytes));
+  } catch (const Error& e) {
+    fail(e.what());
+    throw;
+  }
+}
+
+template <typename MakePlan>
+std::shared_ptr<Work> Communicator::submit(const char* name, const void* in, void* out,
+                                           DataType dtype, ReduceOp op, size_t out_bytes,
+                                           bool async, MakePlan make) {
+  check_usable();
+  return queue_.submit(
+      [=](uint64_t seq, Work&) {
+        check_usable();
+        execute(name, seq, make(), in, out, dtype, op, out_bytes);
+      },
+      async);
+}
+
+void Communicator::check_root(int root, const char* what) const {
+  if (root < 0 || root >= size_) {
+    throw InvalidArgument(std::string(what) + ": root " + std::to_string(root) +
+                          " is outside the world of size " + std::to_string(size_));
+  }
+}
+
+void Communicator::check_peer(int peer, const char* what, bool allow_any) const {
+  if (allow_any && peer < 0) return;
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw InvalidArgument(std::string(what) + ": peer " + std::to_string(peer) +
+                          " must be another rank in [0, " + std::to_string(size_) + ")");
+  }
+}
+
+std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t count,
+                                              DataType dtype, ReduceOp op, bool async) {
+  PlanKey key{Coll::Allreduce, count, element_size(dtype), 0, in == out, op == ReduceOp::Avg};
+  return submit("allreduce", in, out, dtype, op, count * element_size(dtype), async,
+                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, size_t count,
+                                                   DataType dtype, ReduceOp op, bool async) {
+  PlanKey key{Coll::ReduceScatter, count, element_size(dtype), 0, false, op == ReduceOp::Avg};
+  return submit("reduce_scatter", in, out, dtype, op, count * element_size(dtype), async,
+                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+}
+
+std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
+                                              DataType dtype, bool async) {
+  const size_t elem = element_size(dtype);
+  const bool in_place = in == static_cast<const char*>(out) + rank_ * count * elem;
+  PlanKey key{Coll::Allgather, count, elem, 0, in_place, false};
+  return submit("allgather", in, out, dtype, ReduceOp::Sum, size_ * count * elem, async,
+                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+}
+
+std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType dtype, int root,
+                                              bool async) {
+  check_root(root, "broadcast");
+  PlanKey key{Coll::Broadcast, count, element_size(dtype), root, true, false};
+  return submit("broadcast", buf, buf, dtype, ReduceOp::Sum, count * element_size(dtype), async,
+                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+}
+
+std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count,
+                                           DataType dtype, ReduceOp op, int root, bool async) {
+  check_root(root, "reduce");
+  PlanKey key{Coll::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
+  return submit("reduce", in, out, dtype, op, count * element_size(dtype), async,
+                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+}
+
+std::shared_ptr<Work> Communicator::barrier(bool async) {
+  PlanKey key{Coll::Barrier, 0, 1, 0, true, false};
+  return submit("barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0,
+                async, [this, key]() -> const Plan& { return cached_plan(key, DataType::UInt8); });
+}
+
+std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
+                                             std::vector<size_t> send_counts,
+                                             std::vector<size_t> recv_counts, DataType dtype,
+                                             bool async) {
+  if (send_counts.size() != static_cast<size_t>(size_) ||
+      recv_counts.size() != static_cast<size_t>(size_)) {
+    throw InvalidArgument("alltoall: send and receive counts need one entry per rank (" +
+                          std::to_string(size_) + ")");
+  }
+  if (send_counts[rank_] != recv_counts[rank_]) {
+    throw InvalidArgument("alltoall: this rank sends itself " + std::to_string(send_counts[rank_]) +
+                          " elements but expects " + std::to_string(recv_counts[rank_]));
+  }
+  size_t out_count = 0;
+  for (size_t c : recv_counts) out_count += c;
+  auto plan = std::make_shared<Plan>(
+      algo::pairwise_alltoall(plan_context(dtype), send_counts, recv_counts));
+  return submit("alltoall", in, out, dtype, ReduceOp::Sum, out_count * element_size(dtype), async,
+                [plan]() -> const Plan& { return *plan; });
+}
+
+std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count,
+                                           DataType dtype, int root, bool async) {
+  check_root(root, "gather");
+  auto plan = std::make_shared<Plan>(algo::direct_gather(plan_context(dtype), count, root));
+  return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * count * element_size(dtype),
+                async, [plan]() -> const Plan& { return *plan; });
+}
+
+std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count,
+                                            DataType dtype, int root, bool async) {
+  check_root(root, "scatter");
+  auto plan = std::make_shared<Plan>(algo::direct_scatter(plan_context(dtype), count, root));
+  return submit("scatter", in, out, dtype, ReduceOp::Sum, count * element_size(dtype), async,
+                [plan]() -> const Plan& { return *plan; });
+}
+
+std::shared_ptr<Work> Communicator::send(const void* buf, size_t bytes, int peer, uint32_t tag,
+                                         bool async) {
+  check_peer(peer, "send", false);
+  check_usable();
+  return queue_.submit(
+      [=](uint64_t seq, Work&) {
+        check_usable();
+        try {
+          p2p_->send(buf, bytes, peer, tag,
+                     op_context("send", seq, DataType::UInt8, ReduceOp::Sum, bytes));
+        } catch (const Error& e) {
+          fail(e.what());
+          throw;
+        }
+      },
+      async);
+}
+
+std::shared_ptr<Work> Communicator::recv(void* buf, size_t bytes, int peer, uint32_t tag,
+                                         bool async) {
+  check_peer(peer, "recv", true);
+  check_usable();
+  return queue_.submit(
+      [=](uint64_t seq, Work& work) {
+        check_usable();
+        try {
+          work.set_source(p2p_->recv(buf, bytes, peer, tag,
+                                     op_context("recv", seq, DataType::UInt8, ReduceOp::Sum,
+                                                bytes)));
+        } catch (const Error& e) {
+          fail(e.what());
+          throw;
+        }
+      },
+      async);
+}
+
+}  // namespace weft

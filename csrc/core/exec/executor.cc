@@ -1,0 +1,249 @@
+#include "core/exec/executor.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/common/error.h"
+#include "core/common/log.h"
+#include "core/exec/backoff.h"
+#include "core/reduce/cpu_reduce.h"
+
+namespace weft {
+namespace {
+
+// The state of one Plan run: buffers, the peers it touches, waiting.
+class Run {
+ public:
+  Run(const std::vector<Connection*>& connections, const Plan& plan, const OpBuffers& buffers,
+      const OpContext& op)
+      : conns_(connections),
+        plan_(plan),
+        buffers_(buffers),
+        op_(op),
+        elem_(element_size(op.dtype)),
+        backoff_(op.timeout_s) {
+    std::vector<bool> seen(conns_.size(), false);
+    for (const Step& s : plan.steps) {
+      for (int peer : {s.recv_peer, s.send_peer}) {
+        if (peer >= 0 && !seen[peer]) {
+          seen[peer] = true;
+          active_.push_back(peer);
+        }
+      }
+    }
+  }
+
+  void execute() {
+    for (step_index_ = 0; step_index_ < plan_.steps.size(); ++step_index_) {
+      const Step& s = plan_.steps[step_index_];
+      WEFT_LOG(Trace, op_.rank,
+               op_.name << " #" << op_.seq << " step " << step_index_ + 1 << "/"
+                        << plan_.steps.size() << " recv_from=" << s.recv_peer
+                        << " send_to=" << s.send_peer << " count=" << s.count);
+      if (s.wait_sends) wait_sends_complete();
+      switch (s.kind) {
+        case Step::Kind::Fused: run_fused(s); break;
+        case Step::Kind::Exchange: run_exchange(s); break;
+        case Step::Kind::LocalReduce: run_local_reduce(s); break;
+      }
+    }
+    wait_sends_complete();
+  }
+
+ private:
+  char* address(const Span& span) const {
+    char* base = nullptr;
+    switch (span.buf) {
+      case Buf::Input: base = const_cast<char*>(static_cast<const char*>(buffers_.input)); break;
+      case Buf::Output: base = static_cast<char*>(buffers_.output); break;
+      case Buf::Scratch: base = static_cast<char*>(buffers_.scratch); break;
+    }
+    return base + span.offset * elem_;
+  }
+
+  int divisor(const Step& s) const {
+    return (s.finalize && op_.op == ReduceOp::Avg) ? op_.size : 0;
+  }
+
+  std::string where(const char* waiting_for, int peer) const {
+    std::ostringstream msg;
+    msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ", step " << step_index_ + 1
+        << "/" << plan_.steps.size() << ") on rank " << op_.rank << " waiting to " << waiting_for
+        << " rank " << peer;
+    return msg.str();
+  }
+
+  // progress() on every connection this op uses; a failure names the peer.
+  void poll() {
+    for (int peer : active_) {
+      try {
+        conns_[peer]->progress();
+      } catch (const PeerError& e) {
+        std::ostringstream msg;
+        msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
+            << ": lost rank " << peer << ": " << e.what();
+        throw PeerError(msg.str());
+      }
+    }
+  }
+
+  // Calls `attempt` until it returns true, polling and backing off between.
+  template <typename Attempt>
+  void wait_until(Attempt attempt, const char* waiting_for, int peer) {
+    while (!attempt()) {
+      poll();
+      if (attempt()) break;
+      backoff_.idle([&] { return where(waiting_for, peer); });
+    }
+    backoff_.reset();
+  }
+
+  void wait_sends_complete() {
+    for (int peer : active_) {
+      wait_until([&] { return conns_[peer]->sends_complete(); }, "finish sending to", peer);
+    }
+  }
+
+  // Writes `a` (op) `b` — or `a` alone when b is null — into dst and/or slot.
+  void emit(const void* a, const void* b, char* dst, void* slot, size_t len, int div) {
+    const bool streaming = op_.streaming && dst != nullptr;
+    void* first = dst ? static_cast<void*>(dst) : slot;
+    void* second = dst ? slot : nullptr;
+    if (b != nullptr) {
+      reduce::reduce(first, second, a, b, len, op_.dtype, op_.op, div, streaming);
+    } else if (div > 0) {
+      reduce::divide(first, a, len, op_.dtype, div);
+      if (second) reduce::copy(second, nullptr, first, len * elem_, false);
+    } else {
+      reduce::copy(first, second, a, len * elem_, streaming);
+    }
+  }
+
+  void run_fused(const Step& s) {
+    if (s.count == 0) return;
+    Connection* rc = s.recv_peer >= 0 ? conns_[s.recv_peer] : nullptr;
+    Connection* sc = s.send_peer >= 0 ? conns_[s.send_peer] : nullptr;
+    size_t slice = s.count;
+    if (rc) slice = std::min(slice, rc->slot_bytes() / elem_);
+    if (sc) slice = std::min(slice, sc->slot_bytes() / elem_);
+    const int div = divisor(s);
+    for (size_t off = 0; off < s.count; off += slice) {
+      const size_t len = std::min(slice, s.count - off);
+      const size_t bytes = len * elem_;
+      const char* local = s.local ? address(*s.local) + off * elem_ : nullptr;
+      char* dst = s.dst ? address(*s.dst) + off * elem_ : nullptr;
+      // Plain send of memory that already holds the data: let the transport
+      // pick copy or reference.
+      if (!rc && sc && !dst && div == 0) {
+        wait_until([&] { return sc->send_from(local, bytes); }, "send to", s.send_peer);
+        continue;
+      }
+      // Plain receive into its destination: straight into place.
+      if (rc && !sc && !local && div == 0) {
+        wait_until([&] { return rc->recv_into(dst, bytes); }, "receive from", s.recv_peer);
+        continue;
+      }
+      void* slot = nullptr;
+      if (sc) {
+        wait_until([&] { return (slot = sc->send_slot()) != nullptr; }, "send to", s.send_peer);
+      }
+      const void* incoming = nullptr;
+      if (rc) {
+        wait_until([&] { return (incoming = rc->recv_slot(bytes)) != nullptr; }, "receive from",
+                   s.recv_peer);
+      }
+      if (incoming) {
+        emit(incoming, local, dst, slot, len, div);
+        rc->release_recv();
+      } else {
+        emit(local, nullptr, dst, slot, len, div);
+      }
+      if (sc) sc->post_send(bytes);
+    }
+  }
+
+  // One side of an Exchange: a cursor over the messages of a span.
+  struct Cursor {
+    char* ptr = nullptr;
+    size_t bytes = 0;  // left to move
+    size_t slice = 0;
+    bool pending = false;  // at least one message still to move
+  };
+
+  Cursor cursor(const std::optional<Span>& span, Connection* conn) const {
+    Cursor c;
+    if (!conn) return c;
+    c.ptr = span ? address(*span) : nullptr;
+    c.bytes = span ? span->count * elem_ : 0;
+    c.slice = std::max<size_t>(elem_, conn->slot_bytes() / elem_ * elem_);
+    c.pending = true;
+    return c;
+  }
+
+  // Moves one message if the connection accepts it now.
+  template <typename Move>
+  static bool advance(Cursor& c, Move move) {
+    size_t n = std::min(c.slice, c.bytes);
+    if (!move(c.ptr, n)) return false;
+    c.ptr += n;
+    c.bytes -= n;
+    c.pending = c.bytes > 0;
+    return true;
+  }
+
+  void run_exchange(const Step& s) {
+    Connection* sc = s.send_peer >= 0 ? conns_[s.send_peer] : nullptr;
+    Connection* rc = s.recv_peer >= 0 ? conns_[s.recv_peer] : nullptr;
+    Cursor out = cursor(s.local, sc);
+    Cursor in = cursor(s.dst, rc);
+    while (out.pending || in.pending) {
+      bool moved = false;
+      if (out.pending) {
+        moved |= advance(out, [&](char* p, size_t n) { return sc->send_from(p, n); });
+      }
+      if (in.pending) {
+        moved |= advance(in, [&](char* p, size_t n) { return rc->recv_into(p, n); });
+      }
+      if (moved) {
+        backoff_.reset();
+        continue;
+      }
+      poll();
+      backoff_.idle([&] {
+        return in.pending ? where("receive from", s.recv_peer) : where("send to", s.send_peer);
+      });
+    }
+  }
+
+  void run_local_reduce(const Step& s) {
+    const size_t blocks = s.local->count / s.count;
+    const char* base = address(*s.local);
+    char* dst = address(*s.dst);
+    const size_t stride = s.count * elem_;
+    for (size_t b = 1; b < blocks; ++b) {
+      const void* acc = b == 1 ? static_cast<const void*>(base) : dst;
+      int div = b + 1 == blocks ? divisor(s) : 0;
+      reduce::reduce(dst, nullptr, acc, base + b * stride, s.count, op_.dtype, op_.op, div,
+                     false);
+    }
+  }
+
+  const std::vector<Connection*>& conns_;
+  const Plan& plan_;
+  const OpBuffers& buffers_;
+  const OpContext& op_;
+  const size_t elem_;
+  Backoff backoff_;
+  std::vector<int> active_;
+  size_t step_index_ = 0;
+};
+
+}  // namespace
+
+Executor::Executor(std::vector<Connection*> connections) : connections_(std::move(connections)) {}
+
+void Executor::run(const Plan& plan, const OpBuffers& buffers, const OpContext& op) {
+  Run(connections_, plan, buffers, op).execute();
+}
+
+}  // namespace weft

@@ -1,0 +1,45 @@
+// Runs a Plan for this rank over the connections of one channel: steps in
+// order, each streamed in slot-sized slices, waiting with Backoff and naming
+// the operation, its sequence number and the peer in every error.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/algo/plan.h"
+#include "core/common/types.h"
+#include "core/transport/connection.h"
+
+namespace weft {
+
+struct OpBuffers {
+  const void* input = nullptr;
+  void* output = nullptr;
+  void* scratch = nullptr;
+};
+
+// Who is running and how: used for errors, logs and the Avg divisor.
+struct OpContext {
+  const char* name;  // "allreduce", ...
+  uint64_t seq;      // per-communicator sequence number
+  int rank;
+  int size;
+  double timeout_s;
+  DataType dtype;
+  ReduceOp op;
+  bool streaming;  // write user outputs with non-temporal stores
+};
+
+class Executor {
+ public:
+  // connections[p] is the connection to rank p (null for this rank).
+  explicit Executor(std::vector<Connection*> connections);
+
+  // Throws PeerError/TimeoutError with the operation's context.
+  void run(const Plan& plan, const OpBuffers& buffers, const OpContext& op);
+
+ private:
+  std::vector<Connection*> connections_;
+};
+
+}  // namespace weft

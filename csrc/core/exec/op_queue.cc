@@ -1,0 +1,69 @@
+#include "core/exec/op_queue.h"
+
+#include "core/common/error.h"
+
+namespace weft {
+
+OpQueue::~OpQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  for (Entry& entry : queue_) {
+    entry.work->complete(std::make_exception_ptr(
+        AbortedError("the communicator was destroyed before this operation ran")));
+  }
+}
+
+void OpQueue::run(Entry& entry) {
+  try {
+    entry.op(entry.seq, *entry.work);
+    entry.work->complete();
+  } catch (...) {
+    entry.work->complete(std::current_exception());
+  }
+}
+
+std::shared_ptr<Work> OpQueue::submit(Op op, bool async) {
+  Entry entry{std::move(op), 0, std::make_shared<Work>()};
+  std::unique_lock<std::mutex> lock(mu_);
+  entry.seq = next_seq_++;
+  if (!async && !busy_ && queue_.empty()) {
+    busy_ = true;
+    lock.unlock();
+    run(entry);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    entry.work->wait(-1);  // rethrows the error, if any
+    return entry.work;
+  }
+  auto work = entry.work;
+  queue_.push_back(std::move(entry));
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  lock.unlock();
+  cv_.notify_all();
+  if (!async) work->wait(-1);
+  return work;
+}
+
+void OpQueue::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });
+    if (stopping_) return;
+    Entry entry = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    run(entry);
+    lock.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace weft

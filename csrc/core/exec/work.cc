@@ -1,0 +1,35 @@
+#include "core/exec/work.h"
+
+#include <chrono>
+#include <string>
+
+#include "core/common/error.h"
+
+namespace weft {
+
+bool Work::test() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Work::wait(double timeout_s) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (timeout_s < 0) {
+    cv_.wait(lock, [&] { return done_; });
+  } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
+    throw TimeoutError("wait(" + std::to_string(timeout_s) +
+                       " s) returned before the operation finished; it is still running");
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::complete(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace weft

@@ -1,0 +1,32 @@
+// The handle of one issued operation.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+
+namespace weft {
+
+class Work {
+ public:
+  // True once the operation finished, successfully or not.
+  bool test() const;
+  // Waits up to timeout_s (< 0: until done) and rethrows the operation's
+  // error. Throws TimeoutError if it is still running after timeout_s.
+  void wait(double timeout_s) const;
+
+  // For a receive from any source: who sent it (-1 until known).
+  int source() const { return source_; }
+  void set_source(int rank) { source_ = rank; }
+
+  void complete(std::exception_ptr error = nullptr);
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  int source_ = -1;
+};
+
+}  // namespace weft

@@ -1,0 +1,98 @@
+// Layout of one single-producer single-consumer FIFO in a shared-memory
+// segment. The receiver of a direction creates and initializes the segment;
+// the sender maps it and checks its FifoInfo.
+//
+//   FifoControl   info | head | tail | closed flags, each on its own 128 bytes
+//   SlotHeader[]  one 64-byte header per slot: length, kind, address
+//   slot data     `slots` x stride bytes, each slot 4096-aligned
+//
+// head counts messages posted (written only by the sender), tail counts
+// messages consumed (written only by the receiver); slot i % slots holds
+// message i. 128-byte spacing keeps the adjacent-line prefetcher from pairing
+// lines written by different processes.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace weft::shm {
+
+constexpr size_t kFifoAlign = 128;
+constexpr size_t kSlotAlign = 4096;
+constexpr uint64_t kFifoMagic = 0x6f6669666d687377ULL;  // "wshmfifo"
+constexpr uint32_t kFifoVersion = 1;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters need lock-free atomics");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared flags need lock-free atomics");
+
+// Written once by the creator before the name is sent; read-only afterwards.
+struct FifoInfo {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t slots;
+  uint64_t slot_bytes;
+  uint64_t total_bytes;
+};
+
+struct FifoControl {
+  alignas(kFifoAlign) FifoInfo info;
+  alignas(kFifoAlign) std::atomic<uint64_t> head;
+  alignas(kFifoAlign) std::atomic<uint64_t> tail;
+  alignas(kFifoAlign) std::atomic<uint32_t> sender_closed;
+  alignas(kFifoAlign) std::atomic<uint32_t> receiver_closed;
+};
+
+enum SlotKind : uint32_t {
+  kSlotInline = 1,     // the message is in the slot's data
+  kSlotReference = 2,  // the message is at `address` in the sender (process_vm_readv)
+};
+
+// Written by the sender before it publishes head; read by the receiver after.
+struct alignas(64) SlotHeader {
+  uint64_t length;
+  uint32_t kind;
+  uint32_t reserved;
+  uint64_t address;
+};
+
+struct FifoLayout {
+  size_t slots = 0;
+  size_t slot_bytes = 0;
+  size_t stride = 0;  // slot_bytes rounded up to kSlotAlign
+  size_t headers_offset = 0;
+  size_t data_offset = 0;
+  size_t total_bytes = 0;
+
+  // Throws InvalidArgument when the sizes are zero or absurd.
+  static FifoLayout compute(int slots, size_t slot_bytes);
+};
+
+// Pointers into one mapped FIFO.
+class FifoView {
+ public:
+  FifoView() = default;
+  FifoView(void* base, const FifoLayout& layout)
+      : control_(static_cast<FifoControl*>(base)),
+        headers_(reinterpret_cast<SlotHeader*>(static_cast<char*>(base) + layout.headers_offset)),
+        data_(static_cast<char*>(base) + layout.data_offset),
+        stride_(layout.stride) {}
+
+  FifoControl& control() const { return *control_; }
+  SlotHeader& header(size_t index) const { return headers_[index]; }
+  char* data(size_t index) const { return data_ + index * stride_; }
+
+ private:
+  FifoControl* control_ = nullptr;
+  SlotHeader* headers_ = nullptr;
+  char* data_ = nullptr;
+  size_t stride_ = 0;
+};
+
+// Constructs the control block and headers in fresh (zeroed) memory.
+void init_fifo(void* base, const FifoLayout& layout);
+// Checks a mapped FIFO created by the peer against the layout we expect;
+// returns an empty string when it matches, else what differs.
+const char* check_fifo(const void* base, const FifoLayout& layout);
+
+}  // namespace weft::shm

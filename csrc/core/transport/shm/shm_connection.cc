@@ -1,0 +1,247 @@
+#include "core/transport/shm/shm_connection.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "core/common/error.h"
+#include "core/common/log.h"
+#include "core/reduce/cpu_reduce.h"
+#include "core/transport/shm/cma.h"
+#include "core/transport/shm/fifo_layout.h"
+#include "core/transport/shm/segment.h"
+#include "core/transport/shm/shm_handshake.h"
+
+namespace weft {
+namespace {
+
+using shm::FifoView;
+using shm::SlotHeader;
+
+constexpr auto kAcquire = std::memory_order_acquire;
+constexpr auto kRelease = std::memory_order_release;
+
+// progress() asks the control socket whether the peer is alive (a poll()
+// syscall) at most this often; it reads the clock once every kClockEvery calls.
+constexpr auto kSocketCheckInterval = std::chrono::milliseconds(1);
+constexpr uint32_t kClockEvery = 64;
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+class ShmConnection final : public Connection {
+ public:
+  ShmConnection(Socket& control, int peer_pid, const ShmOptions& options, shm::Endpoints ends)
+      : control_(control),
+        ends_(std::move(ends)),
+        in_(ends_.incoming.data(), ends_.layout),
+        out_(ends_.outgoing.data(), ends_.layout),
+        slots_(ends_.layout.slots),
+        slot_bytes_(ends_.layout.slot_bytes),
+        peer_pid_(peer_pid),
+        use_cma_(options.cma && ends_.peer_reads_us),
+        cma_min_bytes_(options.cma_min_bytes > 0 ? options.cma_min_bytes : 1) {}
+
+  ~ShmConnection() override { shutdown(); }
+
+  // ---- sending ----
+  void* send_slot() override { return send_slot_free() ? out_.data(send_index_) : nullptr; }
+
+  void post_send(size_t bytes) override {
+    check_size(bytes, "post_send");
+    if (!send_slot_free()) throw InvalidArgument("shm post_send: no slot was free");
+    publish(shm::kSlotInline, bytes, 0);
+  }
+
+  bool send_from(const void* src, size_t bytes) override {
+    check_size(bytes, "send_from");
+    if (!send_slot_free()) return false;
+    if (use_cma_ && bytes >= cma_min_bytes_) {
+      ref_end_ = send_pos_ + 1;
+      publish(shm::kSlotReference, bytes, reinterpret_cast<uintptr_t>(src));
+      return true;
+    }
+    if (bytes > 0) reduce::copy(out_.data(send_index_), nullptr, src, bytes, false);
+    publish(shm::kSlotInline, bytes, 0);
+    return true;
+  }
+
+  bool sends_complete() override {
+    if (sent_tail_ >= ref_end_) return true;
+    sent_tail_ = out_.control().tail.load(kAcquire);
+    return sent_tail_ >= ref_end_;
+  }
+
+  // ---- receiving ----
+  const void* recv_slot(size_t bytes) override {
+    check_size(bytes, "recv_slot");
+    if (!recv_ready()) return nullptr;
+    const SlotHeader& header = checked_header(bytes);
+    if (header.kind == shm::kSlotInline) return in_.data(recv_index_);
+    if (bounce_pos_ != recv_pos_) {
+      if (!bounce_) bounce_.reset(allocate_bounce());
+      shm::cma_read(peer_pid_, header.address, bounce_.get(), bytes);
+      bounce_pos_ = recv_pos_;
+    }
+    return bounce_.get();
+  }
+
+  void release_recv() override {
+    if (!recv_ready()) throw InvalidArgument("shm release_recv: no message was received");
+    consume();
+  }
+
+  bool recv_into(void* dst, size_t bytes) override {
+    check_size(bytes, "recv_into");
+    if (!recv_ready()) return false;
+    const SlotHeader& header = checked_header(bytes);
+    if (header.kind == shm::kSlotReference) {
+      shm::cma_read(peer_pid_, header.address, dst, bytes);
+    } else if (bytes > 0) {
+      reduce::copy(dst, nullptr, in_.data(recv_index_), bytes, false);
+    }
+    consume();
+    return true;
+  }
+
+  // ---- liveness ----
+  void progress() override {
+    if (in_.control().sender_closed.load(std::memory_order_relaxed) != 0 ||
+        out_.control().receiver_closed.load(std::memory_order_relaxed) != 0) {
+      fail_if_stuck("peer closed the shared-memory connection");
+    }
+    if (++calls_ % kClockEvery != 0) return;
+    auto now = std::chrono::steady_clock::now();
+    if (now < next_socket_check_) return;
+    next_socket_check_ = now + kSocketCheckInterval;
+    if (control_.peer_closed()) fail_if_stuck("peer process is gone");
+  }
+
+  void shutdown() override {
+    out_.control().sender_closed.store(1, kRelease);
+    in_.control().receiver_closed.store(1, kRelease);
+  }
+
+  size_t slot_bytes() const override { return slot_bytes_; }
+  size_t capacity_bytes() const override { return slots_ * slot_bytes_; }
+  const char* transport_name() const override { return "shm"; }
+
+ private:
+  void check_size(size_t bytes, const char* call) const {
+    if (bytes > slot_bytes_) {
+      throw InvalidArgument(std::string("shm ") + call + ": message of " + std::to_string(bytes) +
+                            " bytes exceeds the slot size " + std::to_string(slot_bytes_));
+    }
+  }
+
+  // The fast path reads only our cached copy of the peer's counter; the shared
+  // line is read again only when the cached value says "full" or "empty".
+  bool send_slot_free() {
+    if (send_pos_ - sent_tail_ < slots_) return true;
+    sent_tail_ = out_.control().tail.load(kAcquire);
+    return send_pos_ - sent_tail_ < slots_;
+  }
+
+  void publish(uint32_t kind, size_t bytes, uint64_t address) {
+    SlotHeader& header = out_.header(send_index_);
+    header.length = bytes;
+    header.kind = kind;
+    header.address = address;
+    ++send_pos_;
+    if (++send_index_ == slots_) send_index_ = 0;
+    out_.control().head.store(send_pos_, kRelease);
+  }
+
+  bool recv_ready() {
+    if (recv_head_ != recv_pos_) return true;
+    recv_head_ = in_.control().head.load(kAcquire);
+    if (recv_head_ - recv_pos_ > slots_) {
+      throw PeerError("shared-memory FIFO corrupted: the peer posted more messages than slots");
+    }
+    return recv_head_ != recv_pos_;
+  }
+
+  const SlotHeader& checked_header(size_t bytes) const {
+    const SlotHeader& header = in_.header(recv_index_);
+    if (header.length != bytes) {
+      throw PeerError("protocol mismatch: expected " + std::to_string(bytes) +
+                      " bytes from peer, got " + std::to_string(header.length) +
+                      " \xe2\x80\x94 ranks issued different operations");
+    }
+    if (header.kind != shm::kSlotInline && header.kind != shm::kSlotReference) {
+      throw PeerError("shared-memory FIFO corrupted: unknown slot kind");
+    }
+    return header;
+  }
+
+  void consume() {
+    ++recv_pos_;
+    if (++recv_index_ == slots_) recv_index_ = 0;
+    in_.control().tail.store(recv_pos_, kRelease);
+  }
+
+  // The peer has gone away. Messages it posted before that are still
+  // delivered; it is an error once we wait for anything more, or it left
+  // messages of ours unread.
+  void fail_if_stuck(const char* why) {
+    bool incoming = in_.control().head.load(kAcquire) != recv_pos_;
+    bool unread = out_.control().tail.load(kAcquire) != send_pos_;
+    if (!incoming || unread) throw PeerError(why);
+  }
+
+  char* allocate_bounce() const {
+    void* p = nullptr;
+    size_t bytes = (slot_bytes_ + shm::kSlotAlign - 1) / shm::kSlotAlign * shm::kSlotAlign;
+    if (::posix_memalign(&p, shm::kSlotAlign, bytes) != 0) throw std::bad_alloc();
+    return static_cast<char*>(p);
+  }
+
+  Socket& control_;
+  shm::Endpoints ends_;  // owns the mappings
+  FifoView in_;
+  FifoView out_;
+  const size_t slots_;
+  const size_t slot_bytes_;
+  const int peer_pid_;
+  const bool use_cma_;
+  const size_t cma_min_bytes_;
+
+  // Sender state: messages posted, last tail seen, slot index, and the end of
+  // the last message sent by reference (complete once the tail passes it).
+  uint64_t send_pos_ = 0;
+  uint64_t sent_tail_ = 0;
+  size_t send_index_ = 0;
+  uint64_t ref_end_ = 0;
+
+  // Receiver state: messages consumed, last head seen, slot index, and which
+  // message the bounce buffer holds.
+  uint64_t recv_pos_ = 0;
+  uint64_t recv_head_ = 0;
+  size_t recv_index_ = 0;
+  uint64_t bounce_pos_ = UINT64_MAX;
+  std::unique_ptr<char, FreeDeleter> bounce_;
+
+  uint32_t calls_ = 0;
+  std::chrono::steady_clock::time_point next_socket_check_{};
+};
+
+}  // namespace
+
+std::unique_ptr<Connection> make_shm_connection(Socket& control, int rank, int peer, int peer_pid,
+                                                int channel, const ShmOptions& options,
+                                                double timeout_s) {
+  shm::Endpoints ends = shm::handshake(control, rank, peer, peer_pid, channel, options, timeout_s);
+  bool cma = options.cma && ends.peer_reads_us;
+  WEFT_LOG(Info, rank,
+           "shm connection to rank " << peer << " channel " << channel << ": " << ends.layout.slots
+                                     << " x " << ends.layout.slot_bytes
+                                     << " byte slots, sends by reference "
+                                     << (cma ? "on" : (options.cma ? "unavailable" : "off")));
+  return std::make_unique<ShmConnection>(control, peer_pid, options, std::move(ends));
+}
+
+}  // namespace weft

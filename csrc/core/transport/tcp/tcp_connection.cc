@@ -1,0 +1,298 @@
+// TCP transport. The wire carries the messages back to back with no framing:
+// both sides know every length from the Plan.
+//
+// Sending: a FIFO of at most `slots` messages, each either staged in one of
+// `slots` staging buffers (send_slot/post_send) or written straight from the
+// caller's memory (send_from). Data is pushed with non-blocking sendmsg as soon
+// as it is posted and again on every progress().
+//
+// Receiving: the receiver only learns a message's length when the executor
+// asks for it, so bytes are only read for the message currently requested,
+// straight into its destination (a receive staging buffer for recv_slot, the
+// caller's memory for recv_into). Everything else waits in the kernel's socket
+// buffer, which is the read-ahead; reading it earlier would cost a copy.
+#include "core/transport/tcp/tcp_connection.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/common/error.h"
+
+namespace weft {
+namespace {
+
+// Kernel socket buffers: large enough to keep a 1 MiB message stream moving
+// while the other side is busy between calls.
+constexpr int kSocketBufferBytes = 4 << 20;
+// iovecs per sendmsg: every queued message fits.
+constexpr int kMaxIov = 64;
+
+[[noreturn]] void throw_socket_error(const char* op, int err) {
+  if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN) {
+    throw PeerError("connection to peer closed (" + std::string(op) + ": " +
+                    std::strerror(err) + ")");
+  }
+  throw_system_error(std::string("tcp ") + op, err);
+}
+
+class TcpConnection : public Connection {
+ public:
+  TcpConnection(Socket socket, const TcpOptions& options)
+      : socket_(std::move(socket)),
+        slot_bytes_(options.slot_bytes),
+        slots_(options.slots),
+        send_bufs_(slots_),
+        queue_(slots_),
+        recv_bufs_(slots_) {
+    if (slots_ < 1 || slot_bytes_ == 0) {
+      throw InvalidArgument("tcp connection needs at least one slot of at least one byte");
+    }
+    for (int i = slots_ - 1; i >= 0; --i) free_bufs_.push_back(i);
+    socket_.set_nonblocking();
+    socket_.set_nodelay();
+    // Best effort: the kernel clamps to net.core.[rw]mem_max.
+    int size = kSocketBufferBytes;
+    ::setsockopt(socket_.fd(), SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+    ::setsockopt(socket_.fd(), SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
+  }
+
+  // ---- sending ----
+
+  void* send_slot() override {
+    if (reserved_ >= 0) return send_bufs_[reserved_].get();
+    if (!send_room()) return nullptr;
+    reserved_ = free_bufs_.back();
+    free_bufs_.pop_back();
+    auto& buf = send_bufs_[reserved_];
+    if (!buf) buf.reset(new char[slot_bytes_]);
+    return buf.get();
+  }
+
+  void post_send(size_t bytes) override {
+    if (reserved_ < 0) throw InvalidArgument("post_send without a slot from send_slot");
+    check_size("post_send", bytes);
+    enqueue(send_bufs_[reserved_].get(), bytes, reserved_);
+    reserved_ = -1;
+    push();
+  }
+
+  bool send_from(const void* src, size_t bytes) override {
+    if (!send_room()) return false;
+    enqueue(static_cast<const char*>(src), bytes, -1);
+    push();
+    return true;
+  }
+
+  bool sends_complete() override {
+    push();
+    return queued_ == 0;
+  }
+
+  // ---- receiving ----
+
+  const void* recv_slot(size_t bytes) override {
+    check_size("recv_slot", bytes);
+    if (target_ == Target::User) {
+      // Switching a half-received message to staging: move what has arrived.
+      check_same("recv_slot", bytes);
+      if (held_ == slots_) return nullptr;
+      char* slot = next_recv_buf();
+      std::memcpy(slot, dst_, done_);
+      dst_ = slot;
+      target_ = Target::Slot;
+    } else if (target_ == Target::None) {
+      if (held_ == slots_) return nullptr;
+      start_recv(Target::Slot, next_recv_buf(), bytes);
+    } else {
+      check_same("recv_slot", bytes);
+    }
+    pull();
+    if (done_ < expected_) return nullptr;
+    target_ = Target::None;
+    ++held_;
+    return dst_;
+  }
+
+  void release_recv() override {
+    if (held_ == 0) throw InvalidArgument("release_recv without a message from recv_slot");
+    held_head_ = (held_head_ + 1) % slots_;
+    --held_;
+  }
+
+  bool recv_into(void* dst, size_t bytes) override {
+    char* out = static_cast<char*>(dst);
+    if (target_ == Target::None) {
+      start_recv(Target::User, out, bytes);
+    } else if (target_ == Target::Slot) {
+      // Part of this message was staged by recv_slot: copy it, read the rest
+      // straight into `dst`.
+      check_same("recv_into", bytes);
+      std::memcpy(out, dst_, done_);
+      dst_ = out;
+      target_ = Target::User;
+    } else {
+      check_same("recv_into", bytes);
+      if (out != dst_) throw InvalidArgument("recv_into repeated with a different buffer");
+    }
+    pull();
+    if (done_ < expected_) return false;
+    target_ = Target::None;
+    return true;
+  }
+
+  void progress() override {
+    push();
+    pull();
+  }
+
+  void shutdown() override { socket_.shutdown(); }
+
+  size_t slot_bytes() const override { return slot_bytes_; }
+  // What a sender can post with no help from the receiver: the staging
+  // slots. The kernel buffers add to this but are not promised.
+  size_t capacity_bytes() const override { return slot_bytes_ * static_cast<size_t>(slots_); }
+  const char* transport_name() const override { return "tcp"; }
+
+ private:
+  struct Send {
+    const char* data;
+    size_t bytes;
+    size_t done;
+    int buf;  // staging buffer to free when sent, -1 for send_from
+  };
+  enum class Target { None, Slot, User };
+
+  void check_size(const char* op, size_t bytes) const {
+    if (bytes > slot_bytes_) {
+      throw InvalidArgument(std::string(op) + ": message of " + std::to_string(bytes) +
+                            " bytes exceeds the slot size " + std::to_string(slot_bytes_));
+    }
+  }
+
+  void check_same(const char* op, size_t bytes) const {
+    if (bytes != expected_) {
+      throw InvalidArgument(std::string(op) + ": expected the pending message of " +
+                            std::to_string(expected_) + " bytes, asked for " +
+                            std::to_string(bytes));
+    }
+  }
+
+  // A reserved send slot counts as in flight.
+  bool send_room() {
+    if (queued_ + (reserved_ >= 0) < slots_) return true;
+    push();
+    return queued_ + (reserved_ >= 0) < slots_;
+  }
+
+  void enqueue(const char* data, size_t bytes, int buf) {
+    queue_[(head_ + queued_) % slots_] = Send{data, bytes, 0, buf};
+    ++queued_;
+  }
+
+  // Writes as much of the queue as the socket takes, several messages per
+  // call. Never blocks.
+  void push() {
+    while (queued_ > 0) {
+      iovec iov[kMaxIov];
+      int n_iov = 0;
+      size_t wanted = 0;
+      for (int i = 0; i < queued_ && n_iov < kMaxIov; ++i) {
+        const Send& s = queue_[(head_ + i) % slots_];
+        if (s.done == s.bytes) continue;
+        iov[n_iov].iov_base = const_cast<char*>(s.data + s.done);
+        iov[n_iov].iov_len = s.bytes - s.done;
+        wanted += iov[n_iov].iov_len;
+        ++n_iov;
+      }
+      size_t sent = 0;
+      size_t written = 0;
+      if (n_iov > 0) {
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(n_iov);
+        ssize_t n = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+          throw_socket_error("send", errno);
+        }
+        sent = written = static_cast<size_t>(n);
+      }
+      // Retire finished messages (zero-length ones finish at once).
+      while (queued_ > 0) {
+        Send& s = queue_[head_];
+        size_t take = std::min(sent, s.bytes - s.done);
+        s.done += take;
+        sent -= take;
+        if (s.done < s.bytes) break;
+        if (s.buf >= 0) free_bufs_.push_back(s.buf);
+        head_ = (head_ + 1) % slots_;
+        --queued_;
+      }
+      // A short write means the socket buffer is full: stop before EAGAIN.
+      if (n_iov == 0 || written < wanted) return;
+    }
+  }
+
+  char* next_recv_buf() {
+    auto& buf = recv_bufs_[(held_head_ + held_) % slots_];
+    if (!buf) buf.reset(new char[slot_bytes_]);
+    return buf.get();
+  }
+
+  void start_recv(Target target, char* dst, size_t bytes) {
+    target_ = target;
+    dst_ = dst;
+    expected_ = bytes;
+    done_ = 0;
+  }
+
+  // Reads the requested message; never blocks.
+  void pull() {
+    while (target_ != Target::None && done_ < expected_) {
+      ssize_t n = ::recv(socket_.fd(), dst_ + done_, expected_ - done_, MSG_DONTWAIT);
+      if (n > 0) {
+        done_ += static_cast<size_t>(n);
+        continue;
+      }
+      if (n == 0) throw PeerError("connection to peer closed");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      throw_socket_error("recv", errno);
+    }
+  }
+
+  Socket socket_;
+  size_t slot_bytes_;
+  int slots_;
+
+  std::vector<std::unique_ptr<char[]>> send_bufs_;  // allocated on first use
+  std::vector<int> free_bufs_;
+  int reserved_ = -1;  // handed out by send_slot, not yet posted
+  std::vector<Send> queue_;  // ring of slots_ entries
+  int head_ = 0;
+  int queued_ = 0;
+
+  std::vector<std::unique_ptr<char[]>> recv_bufs_;  // ring; allocated on first use
+  int held_head_ = 0;  // oldest message handed out by recv_slot
+  int held_ = 0;
+  Target target_ = Target::None;  // the message being received
+  char* dst_ = nullptr;
+  size_t expected_ = 0;
+  size_t done_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Connection> make_tcp_connection(Socket socket, const TcpOptions& options) {
+  return std::make_unique<TcpConnection>(std::move(socket), options);
+}
+
+}  // namespace weft

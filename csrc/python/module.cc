@@ -1,0 +1,376 @@
+// weft._C: the core API for Python. Every call validates its buffers before
+// anything is sent, releases the GIL while it runs and, with async_=True,
+// returns a Handle that keeps the buffers alive until the operation is done.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+
+#include "buffer.h"
+#include "core/comm.h"
+#include "core/common/error.h"
+#include "store.h"
+
+namespace py = pybind11;
+
+namespace weft::python {
+namespace {
+
+// The pending result of an async_ call.
+class Handle {
+ public:
+  Handle(std::shared_ptr<Work> work, py::object result, bool returns_source,
+         std::vector<BufferView> buffers)
+      : work_(std::move(work)),
+        result_(std::move(result)),
+        returns_source_(returns_source),
+        buffers_(std::move(buffers)) {}
+
+  // The operation still uses the buffers: finish it before letting go.
+  ~Handle() {
+    py::gil_scoped_release nogil;
+    try {
+      work_->wait(-1);
+    } catch (...) {
+    }
+  }
+
+  py::object wait(std::optional<double> timeout) {
+    {
+      py::gil_scoped_release nogil;
+      work_->wait(timeout.value_or(-1));
+    }
+    return returns_source_ ? py::int_(work_->source()) : result_;
+  }
+
+  bool test() const { return work_->test(); }
+
+ private:
+  std::shared_ptr<Work> work_;
+  py::object result_;
+  bool returns_source_;
+  std::vector<BufferView> buffers_;
+};
+
+double seconds(const py::object& timeout) {
+  if (timeout.is_none()) return 0;
+  if (py::hasattr(timeout, "total_seconds")) return timeout.attr("total_seconds")().cast<double>();
+  double s = timeout.cast<double>();
+  if (s <= 0) throw InvalidArgument("timeout must be positive, got " + std::to_string(s));
+  return s;
+}
+
+py::object empty_like(const BufferView& like, size_t count) {
+  return py::module_::import("weft._buffers").attr("empty_like")(like.object(), count);
+}
+
+void check_same_dtype(const BufferView& in, const BufferView& out, const char* op) {
+  if (in.dtype() != out.dtype()) {
+    throw InvalidArgument(std::string(op) + ": out has dtype " + to_string(out.dtype()) +
+                          " but buf has " + to_string(in.dtype()) + "; they must match");
+  }
+}
+
+void check_count(const BufferView& buf, size_t expected, const char* name, const char* op) {
+  if (buf.count() != expected) {
+    throw InvalidArgument(std::string(op) + ": " + name + " has " + std::to_string(buf.count()) +
+                          " elements but must have " + std::to_string(expected));
+  }
+}
+
+class PyCommunicator {
+ public:
+  PyCommunicator(py::object store, int rank, int size, const std::string& name,
+                 const py::object& timeout)
+      : store_(std::make_unique<PyStore>(std::move(store))) {
+    double t = seconds(timeout);
+    py::gil_scoped_release nogil;
+    comm_ = std::make_unique<Communicator>(*store_, rank, size, name, t);
+  }
+
+  ~PyCommunicator() {
+    py::gil_scoped_release nogil;
+    comm_.reset();
+  }
+
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  double timeout() const { return comm_->timeout_s(); }
+  std::string transport_to(int peer) const { return comm_->transport_to(peer); }
+
+  py::object allreduce(const py::object& buf, const std::string& op, const py::object& out,
+                       bool async_) {
+    ReduceOp rop = parse_reduce_op(op);
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", out.is_none());
+    if (!out.is_none()) {
+      views.emplace_back(out, "out", true);
+      check_same_dtype(views[0], views[1], "allreduce");
+      check_count(views[1], views[0].count(), "out", "allreduce");
+    }
+    const BufferView& in = views[0];
+    const BufferView& dst = views.back();
+    return run(std::move(views), dst.object(), async_, [&] {
+      return comm_->allreduce(in.data(), dst.data(), in.count(), in.dtype(), rop, async_);
+    });
+  }
+
+  py::object reduce_scatter(const py::object& buf, const std::string& op, const py::object& out,
+                            bool async_) {
+    ReduceOp rop = parse_reduce_op(op);
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", false);
+    size_t count = views[0].count() / size();
+    if (views[0].count() % size() != 0) {
+      throw InvalidArgument("reduce_scatter: buf has " + std::to_string(views[0].count()) +
+                            " elements, not a multiple of the world size " +
+                            std::to_string(size()));
+    }
+    views.emplace_back(out.is_none() ? empty_like(views[0], count) : out, "out", true);
+    check_same_dtype(views[0], views[1], "reduce_scatter");
+    check_count(views[1], count, "out", "reduce_scatter");
+    const BufferView& in = views[0];
+    const BufferView& dst = views[1];
+    return run(std::move(views), dst.object(), async_, [&] {
+      return comm_->reduce_scatter(in.data(), dst.data(), count, in.dtype(), rop, async_);
+    });
+  }
+
+  py::object allgather(const py::object& buf, const py::object& out, bool async_) {
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", false);
+    size_t count = views[0].count();
+    views.emplace_back(out.is_none() ? empty_like(views[0], count * size()) : out, "out", true);
+    check_same_dtype(views[0], views[1], "allgather");
+    check_count(views[1], count * size(), "out", "allgather");
+    const BufferView& in = views[0];
+    const BufferView& dst = views[1];
+    return run(std::move(views), dst.object(), async_, [&] {
+      return comm_->allgather(in.data(), dst.data(), count, in.dtype(), async_);
+    });
+  }
+
+  py::object broadcast(const py::object& buf, int root, bool async_) {
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", true);
+    const BufferView& b = views[0];
+    return run(std::move(views), b.object(), async_, [&] {
+      return comm_->broadcast(b.data(), b.count(), b.dtype(), root, async_);
+    });
+  }
+
+  py::object reduce(const py::object& buf, int root, const std::string& op, const py::object& out,
+                    bool async_) {
+    ReduceOp rop = parse_reduce_op(op);
+    std::vector<BufferView> views;
+    const bool at_root = root == rank();
+    views.emplace_back(buf, "buf", out.is_none() && at_root);
+    if (!out.is_none()) {
+      views.emplace_back(out, "out", true);
+      check_same_dtype(views[0], views[1], "reduce");
+      check_count(views[1], views[0].count(), "out", "reduce");
+    }
+    const BufferView& in = views[0];
+    const BufferView& dst = views.back();
+    return run(std::move(views), dst.object(), async_, [&] {
+      return comm_->reduce(in.data(), dst.data(), in.count(), in.dtype(), rop, root, async_);
+    });
+  }
+
+  py::object barrier(bool async_) {
+    return run({}, py::none(), async_, [&] { return comm_->barrier(async_); });
+  }
+
+  py::object alltoall(const py::object& buf, const py::object& out,
+                      std::optional<std::vector<size_t>> send_counts,
+                      std::optional<std::vector<size_t>> recv_counts, bool async_) {
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", false);
+    views.emplace_back(out, "out", true);
+    check_same_dtype(views[0], views[1], "alltoall");
+    auto sends = counts_or_split(send_counts, views[0], "send_counts");
+    auto recvs = counts_or_split(recv_counts, views[1], "recv_counts");
+    const BufferView& in = views[0];
+    const BufferView& dst = views[1];
+    return run(std::move(views), dst.object(), async_, [&] {
+      return comm_->alltoall(in.data(), dst.data(), sends, recvs, in.dtype(), async_);
+    });
+  }
+
+  py::object gather(const py::object& buf, int root, const py::object& out, bool async_) {
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", false);
+    const size_t count = views[0].count();
+    const bool at_root = root == rank();
+    if (at_root) {
+      views.emplace_back(out.is_none() ? empty_like(views[0], count * size()) : out, "out", true);
+      check_same_dtype(views[0], views[1], "gather");
+      check_count(views[1], count * size(), "out", "gather");
+    }
+    const BufferView& in = views[0];
+    void* dst = at_root ? views[1].data() : nullptr;
+    py::object result = at_root ? views[1].object() : py::none();
+    return run(std::move(views), result, async_, [&] {
+      return comm_->gather(in.data(), dst, count, in.dtype(), root, async_);
+    });
+  }
+
+  py::object scatter(const py::object& out, int root, const py::object& buf, bool async_) {
+    std::vector<BufferView> views;
+    views.emplace_back(out, "out", true);
+    const size_t count = views[0].count();
+    const void* src = nullptr;
+    if (root == rank()) {
+      if (buf.is_none()) throw InvalidArgument("scatter: the root must pass buf");
+      views.emplace_back(buf, "buf", false);
+      check_same_dtype(views[1], views[0], "scatter");
+      check_count(views[1], count * size(), "buf", "scatter");
+      src = views[1].data();
+    }
+    const BufferView& dst = views[0];
+    return run(std::move(views), dst.object(), async_, [&] {
+      return comm_->scatter(src, dst.data(), count, dst.dtype(), root, async_);
+    });
+  }
+
+  py::object send(const py::object& buf, int peer, uint32_t tag, bool async_) {
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", false);
+    const BufferView& b = views[0];
+    return run(std::move(views), py::none(), async_,
+               [&] { return comm_->send(b.data(), b.bytes(), peer, tag, async_); });
+  }
+
+  py::object recv(const py::object& buf, std::optional<int> peer, uint32_t tag, bool async_) {
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", true);
+    const BufferView& b = views[0];
+    return run(std::move(views), py::none(), async_,
+               [&] { return comm_->recv(b.data(), b.bytes(), peer.value_or(-1), tag, async_); },
+               /*returns_source=*/true);
+  }
+
+  void abort(const std::string& reason) { comm_->abort(reason); }
+
+ private:
+  std::vector<size_t> counts_or_split(const std::optional<std::vector<size_t>>& counts,
+                                      const BufferView& buf, const char* name) const {
+    size_t total = 0;
+    if (counts) {
+      for (size_t c : *counts) total += c;
+      if (counts->size() != static_cast<size_t>(size()) || total != buf.count()) {
+        throw InvalidArgument(std::string("alltoall: ") + name + " must have one entry per rank (" +
+                              std::to_string(size()) + ") summing to the buffer's " +
+                              std::to_string(buf.count()) + " elements");
+      }
+      return *counts;
+    }
+    if (buf.count() % size() != 0) {
+      throw InvalidArgument(std::string("alltoall: ") + std::to_string(buf.count()) +
+                            " elements do not split evenly over " + std::to_string(size()) +
+                            " ranks; pass " + name);
+    }
+    return std::vector<size_t>(size(), buf.count() / size());
+  }
+
+  // Starts the operation without the GIL; waits for it (sync) or wraps it.
+  template <typename Start>
+  py::object run(std::vector<BufferView> views, py::object result, bool async_, Start start,
+                 bool returns_source = false) {
+    std::shared_ptr<Work> work;
+    {
+      py::gil_scoped_release nogil;
+      work = start();
+    }
+    if (async_) {
+      return py::cast(std::make_unique<Handle>(work, std::move(result), returns_source,
+                                               std::move(views)));
+    }
+    return returns_source ? py::int_(work->source()) : result;
+  }
+
+  std::unique_ptr<PyStore> store_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+PyObject* new_exception(py::module_& m, const char* name, PyObject* bases, const char* doc) {
+  std::string qualified = std::string("weft._C.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+  m.add_object(name, py::handle(type));
+  return type;
+}
+
+}  // namespace
+}  // namespace weft::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace weft::python;
+  m.doc() = "weft core: collectives over shared memory and TCP";
+
+  static PyObject* error = new_exception(m, "Error", PyExc_RuntimeError, "Any weft error.");
+  static PyObject* invalid =
+      new_exception(m, "InvalidArgument", py::make_tuple(py::handle(error), py::handle(PyExc_ValueError)).release().ptr(),
+                    "A call was given something wrong; nothing was sent.");
+  static PyObject* peer = new_exception(m, "PeerError", error, "A peer died, closed or misbehaved.");
+  static PyObject* timeout = new_exception(
+      m, "TimeoutError", py::make_tuple(py::handle(error), py::handle(PyExc_TimeoutError)).release().ptr(),
+      "Nothing progressed within the communicator's timeout.");
+  static PyObject* aborted =
+      new_exception(m, "AbortedError", error, "The communicator was aborted by an earlier error.");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const weft::InvalidArgument& e) {
+      PyErr_SetString(invalid, e.what());
+    } catch (const weft::PeerError& e) {
+      PyErr_SetString(peer, e.what());
+    } catch (const weft::TimeoutError& e) {
+      PyErr_SetString(timeout, e.what());
+    } catch (const weft::AbortedError& e) {
+      PyErr_SetString(aborted, e.what());
+    } catch (const weft::Error& e) {
+      PyErr_SetString(error, e.what());
+    }
+  });
+
+  py::class_<Handle>(m, "Handle", "The pending result of a call made with async_=True.")
+      .def("wait", &Handle::wait, py::arg("timeout") = py::none(),
+           "Waits for the operation (at most `timeout` seconds) and returns its result.")
+      .def("test", &Handle::test, "True once the operation has finished.");
+
+  py::class_<PyCommunicator>(m, "Communicator",
+                             "A group of ranks that run collectives together.")
+      .def(py::init<py::object, int, int, const std::string&, const py::object&>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::kw_only(),
+           py::arg("name") = "default", py::arg("timeout") = py::none())
+      .def_property_readonly("rank", &PyCommunicator::rank)
+      .def_property_readonly("size", &PyCommunicator::size)
+      .def_property_readonly("timeout", &PyCommunicator::timeout)
+      .def("transport_to", &PyCommunicator::transport_to, py::arg("peer"),
+           "The transport used to reach `peer`: 'shm', 'tcp' or 'self'.")
+      .def("allreduce", &PyCommunicator::allreduce, py::arg("buf"), py::arg("op") = "sum",
+           py::arg("out") = py::none(), py::arg("async_") = false)
+      .def("reduce_scatter", &PyCommunicator::reduce_scatter, py::arg("buf"),
+           py::arg("op") = "sum", py::arg("out") = py::none(), py::arg("async_") = false)
+      .def("allgather", &PyCommunicator::allgather, py::arg("buf"), py::arg("out") = py::none(),
+           py::arg("async_") = false)
+      .def("broadcast", &PyCommunicator::broadcast, py::arg("buf"), py::arg("root") = 0,
+           py::arg("async_") = false)
+      .def("reduce", &PyCommunicator::reduce, py::arg("buf"), py::arg("root") = 0,
+           py::arg("op") = "sum", py::arg("out") = py::none(), py::arg("async_") = false)
+      .def("barrier", &PyCommunicator::barrier, py::arg("async_") = false)
+      .def("alltoall", &PyCommunicator::alltoall, py::arg("buf"), py::arg("out"),
+           py::arg("send_counts") = py::none(), py::arg("recv_counts") = py::none(),
+           py::arg("async_") = false)
+      .def("gather", &PyCommunicator::gather, py::arg("buf"), py::arg("root") = 0,
+           py::arg("out") = py::none(), py::arg("async_") = false)
+      .def("scatter", &PyCommunicator::scatter, py::arg("out"), py::arg("root") = 0,
+           py::arg("buf") = py::none(), py::arg("async_") = false)
+      .def("send", &PyCommunicator::send, py::arg("buf"), py::arg("peer"), py::arg("tag") = 0,
+           py::arg("async_") = false)
+      .def("recv", &PyCommunicator::recv, py::arg("buf"), py::arg("peer") = py::none(),
+           py::arg("tag") = 0, py::arg("async_") = false)
+      .def("abort", &PyCommunicator::abort, py::arg("reason") = "abort() called",
+           "Fails every pending and later operation here and on the peers.");
+}

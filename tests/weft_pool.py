@@ -1,0 +1,257 @@
+"""A pool of long-lived rank processes that run test cases on a shared Communicator.
+
+Spawning a world of processes costs seconds (each imports torch), so the tests keep one pool
+per (world size, transport) for the whole session and send it *cases*: module-level functions
+``fn(ctx, *args)`` that every rank runs; their return values come back to the parent in rank
+order.
+
+Every wait in the parent is bounded. A rank that raises, dies or hangs fails the call with a
+report naming each rank's state (and the last case it announced with ``ctx.note``), and the
+pool is killed; the next call for the same key starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# Seconds a rank waits inside weft before giving up; the parent waits longer than that.
+COMM_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 180.0
+RUN_TIMEOUT_S = 300.0
+
+# How each pool's ranks are configured. "tcp" gives every rank its own host identity, so weft
+# must pick TCP by itself; "tcp-forced" keeps one host and forces TCP with WEFT_TRANSPORT.
+TRANSPORTS = ("shm", "tcp", "tcp-forced")
+
+
+def transport_env(transport: str, rank: int) -> dict[str, str]:
+    if transport == "shm":
+        return {"WEFT_TRANSPORT": "shm"}
+    if transport == "tcp":
+        return {"WEFT_HOST_ID": f"weft-test-host-{rank}"}
+    if transport == "tcp-forced":
+        return {"WEFT_TRANSPORT": "tcp"}
+    raise ValueError(f"unknown transport {transport!r}")
+
+
+def clean_environ(extra: dict[str, str]) -> dict[str, str]:
+    """The current environment without any WEFT_* variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    env.update(extra)
+    return env
+
+
+class PoolError(AssertionError):
+    """A case failed on some rank (raised, died or hung)."""
+
+
+class WorkerContext:
+    """What a case function gets on each rank."""
+
+    def __init__(self, rank, size, store, comm, note_buf):
+        self.rank = rank
+        self.size = size
+        self.store = store
+        self.comm = comm
+        self._note_buf = note_buf
+        self._names = 0
+
+    def note(self, text: str) -> None:
+        """Records what this rank is doing, reported by the parent if the rank hangs."""
+        self._note_buf.value = text.encode()[: len(self._note_buf) - 1]
+
+    def fresh_name(self, prefix: str) -> str:
+        """A communicator name not used before in this pool (same on every rank)."""
+        self._names += 1
+        return f"{prefix}-{self._names}"
+
+
+def _load_function(path: str, name: str, cache: dict):
+    module = cache.get(path)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"weft_case_{Path(path).stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        cache[path] = module
+    return getattr(module, name)
+
+
+def _worker_main(rank, size, port, env, conn, note_buf):
+    for key in [k for k in os.environ if k.startswith("WEFT_")]:
+        del os.environ[key]
+    os.environ.update(env)
+    if str(TESTS_DIR) not in sys.path:
+        sys.path.insert(0, str(TESTS_DIR))
+    try:
+        import weft
+        import weft.local
+
+        store = weft.local.make_store(rank, size, port)
+        comm = weft.Communicator(store, rank, size, timeout=COMM_TIMEOUT_S)
+        ctx = WorkerContext(rank, size, store, comm, note_buf)
+        conn.send(("ok", os.getpid()))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", traceback.format_exc()))
+        return
+    modules: dict = {}
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        path, name, args, kwargs = message
+        ctx.note(f"{name} (started)")
+        try:
+            result = _load_function(path, name, modules)(ctx, *args, **kwargs)
+            reply = ("ok", result)
+        except BaseException:  # noqa: BLE001 - reported to the parent
+            reply = ("error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except BaseException:  # noqa: BLE001 - an unpicklable result
+            conn.send(("error", traceback.format_exc()))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Pool:
+    """``size`` rank processes, each with one weft.Communicator over one TCPStore."""
+
+    def __init__(self, size: int, transport: str):
+        self.size = size
+        self.transport = transport
+        self.closed = False
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._conns = []
+        self._notes = []
+        self._procs = []
+        for rank in range(size):
+            parent_end, child_end = ctx.Pipe()
+            note = ctx.RawArray("c", 512)
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, size, port, transport_env(transport, rank), child_end, note),
+                name=f"weft-pool-{transport}-{size}-r{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            self._conns.append(parent_end)
+            self._notes.append(note)
+            self._procs.append(proc)
+        self.pids = self._collect("start-up", START_TIMEOUT_S)
+
+    def __repr__(self):
+        return f"Pool(size={self.size}, transport={self.transport!r})"
+
+    def run(self, fn, *args, timeout: float = RUN_TIMEOUT_S, **kwargs) -> list:
+        """Runs ``fn(ctx, *args, **kwargs)`` on every rank; returns the results in rank order."""
+        if self.closed:
+            raise PoolError(f"{self!r} is closed")
+        path = str(Path(sys.modules[fn.__module__].__file__).resolve())
+        for note in self._notes:
+            note.value = b""
+        for conn in self._conns:
+            conn.send((path, fn.__name__, args, kwargs))
+        return self._collect(fn.__name__, timeout)
+
+    def _collect(self, what: str, timeout: float) -> list:
+        deadline = time.monotonic() + timeout
+        results: dict[int, object] = {}
+        errors: dict[int, str] = {}
+        pending = set(range(self.size))
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready = mpc.wait([self._conns[r] for r in pending], timeout=remaining)
+            for conn in ready:
+                rank = self._conns.index(conn)
+                pending.discard(rank)
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    self._procs[rank].join(timeout=5)
+                    errors[rank] = f"process died (exit code {self._procs[rank].exitcode})"
+                    continue
+                if status == "ok":
+                    results[rank] = value
+                else:
+                    errors[rank] = value
+            if errors:
+                # The others may wait for the failed rank until weft's own timeout fires.
+                deadline = min(deadline, time.monotonic() + COMM_TIMEOUT_S + 15)
+        if not errors and not pending:
+            return [results[r] for r in range(self.size)]
+        report = [f"{self!r}: {what} failed"]
+        for rank in range(self.size):
+            if rank in errors:
+                report.append(f"--- rank {rank} failed:\n{errors[rank].rstrip()}")
+            elif rank in pending:
+                note = self._notes[rank].value.decode(errors="replace")
+                report.append(
+                    f"--- rank {rank} gave no answer within {timeout:.0f} s (hung?); "
+                    f"last case: {note or '?'}"
+                )
+        self.close()
+        raise PoolError("\n".join(report))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+        for conn in self._conns:
+            conn.close()
+
+
+class PoolRegistry:
+    """Hands out one live pool per (size, transport); keeps at most ``max_alive`` of them."""
+
+    def __init__(self, max_alive: int = 3):
+        self.max_alive = max_alive
+        self._pools: dict[tuple[int, str], Pool] = {}
+
+    def get(self, size: int, transport: str) -> Pool:
+        key = (size, transport)
+        pool = self._pools.pop(key, None)
+        if pool is None or pool.closed:
+            while len(self._pools) >= self.max_alive:
+                oldest = next(iter(self._pools))
+                self._pools.pop(oldest).close()
+            pool = Pool(size, transport)
+        self._pools[key] = pool  # most recently used last
+        return pool
+
+    def close_all(self) -> None:
+        while self._pools:
+            self._pools.popitem()[1].close()

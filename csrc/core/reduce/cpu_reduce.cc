@@ -158,8 +158,8 @@ C combine(C a, C b, int divisor) {
 }
 
 template <class T, Kind K>
-void portable_kernel(void* dst, void* dst2, const void* a, const void* b, size_t count,
-                     int divisor, bool /*streaming*/) {
+void portable_kernel(void* dst, void* dst2, const void* a, const void* b, size_t count, int divisor,
+                     bool /*streaming*/) {
   using S = Scalar<T>;
   auto* d = static_cast<unsigned char*>(dst);
   auto* d2 = static_cast<unsigned char*>(dst2);
@@ -265,7 +265,7 @@ void divide(void* dst, const void* src, size_t count, DataType dtype, int diviso
   if (count == 0) return;
   if (!dst || !src) throw InvalidArgument("divide: null buffer");
   kernels().kernels[t][static_cast<int>(detail::Kind::Div)](dst, nullptr, src, src, count, divisor,
-                                                             false);
+                                                            false);
 }
 
 void copy(void* dst, void* dst2, const void* src, size_t bytes, bool streaming) {

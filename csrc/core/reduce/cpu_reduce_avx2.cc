@@ -47,7 +47,9 @@ template <>
 struct Lanes<float> {
   using V = __m256;
   using Divisor = __m256;
-  static V load(const unsigned char* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static V load(const unsigned char* p) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
   static __m256i bits(V v) { return _mm256_castps_si256(v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -73,41 +75,60 @@ struct Lanes<double> {
   static V div(V a, Divisor d) { return _mm256_div_pd(a, d); }
 };
 
+// 16 x 16-bit floats, computed as two vectors of 8 floats. Convert::load
+// and Convert::narrow may order the elements within the pair as they like,
+// as long as narrow undoes load.
+struct Wide {
+  __m256 lo, hi;
+};
+
 // float16 <-> float32 with F16C; vcvtps2ph rounds to nearest even, quiets NaN.
 struct HalfConvert {
-  static __m256 widen(__m128i h) { return _mm256_cvtph_ps(h); }
-  static __m256i narrow(__m256 lo, __m256 hi) {
-    return _mm256_set_m128i(_mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT),
-                            _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT));
+  static Wide load(const unsigned char* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+  }
+  static __m256i narrow(Wide v) {
+    return _mm256_set_m128i(_mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT),
+                            _mm256_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT));
   }
 };
 
-// bfloat16 <-> float32 with integer shifts. Narrowing adds 0x7fff plus the
-// lowest kept bit (round to nearest even; a carry into the exponent gives
-// Inf); a NaN keeps its top bits and gets the quiet bit.
+// bfloat16 <-> float32 with integer operations. A bfloat16 is the high half
+// of a float, so widening interleaves with zeros (vpunpck{l,h}wd, which work
+// within 128-bit halves: lo gets elements 0-3 and 8-11, hi 4-7 and 12-15)
+// and vpackusdw in narrow() restores the order. Narrowing adds 0x7fff plus
+// the lowest kept bit (round to nearest even; a carry into the exponent gives
+// Inf). A NaN, rare, takes a second pass that keeps its top bits and sets the
+// quiet bit instead.
 struct BFloat16Convert {
-  static __m256 widen(__m128i h) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  static Wide load(const unsigned char* p) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i zero = _mm256_setzero_si256();
+    return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x))};
   }
   static __m256i round(__m256 f) {  // 8 x u32, each holding 16 bits
     const __m256i u = _mm256_castps_si256(f);
-    const __m256i high = _mm256_srli_epi32(u, 16);
-    const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                          _mm256_and_si256(high, _mm256_set1_epi32(1)));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-    const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-    return _mm256_blendv_epi8(rounded, quiet, nan);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb),
+                             16);
   }
-  static __m256i narrow(__m256 lo, __m256 hi) {
-    // packus works within 128-bit halves; the permute restores element order.
-    return _mm256_permute4x64_epi64(_mm256_packus_epi32(round(lo), round(hi)), 0xd8);
+  static __m256i quiet_nans(__m256i rounded, __m256 f) {
+    const __m256i quiet =
+        _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet,
+                              _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
   }
-};
-
-// 16 x 16-bit floats, computed as two vectors of 8 floats.
-struct Wide {
-  __m256 lo, hi;
+  static __m256i narrow(Wide v) {
+    __m256i lo = round(v.lo);
+    __m256i hi = round(v.hi);
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(v.lo, v.hi, _CMP_UNORD_Q)) != 0, 0)) {
+      lo = quiet_nans(lo, v.lo);
+      hi = quiet_nans(hi, v.hi);
+    }
+    return _mm256_packus_epi32(lo, hi);
+  }
 };
 
 template <class Convert>
@@ -115,11 +136,8 @@ struct Lanes16 {
   using V = Wide;
   using F = Lanes<float>;
   using Divisor = F::Divisor;
-  static V load(const unsigned char* p) {
-    return {Convert::widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-            Convert::widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
-  }
-  static __m256i bits(V v) { return Convert::narrow(v.lo, v.hi); }
+  static V load(const unsigned char* p) { return Convert::load(p); }
+  static __m256i bits(V v) { return Convert::narrow(v); }
   static V add(V a, V b) { return {F::add(a.lo, b.lo), F::add(a.hi, b.hi)}; }
   static V mul(V a, V b) { return {F::mul(a.lo, b.lo), F::mul(a.hi, b.hi)}; }
   static V min(V a, V b) { return {F::min(a.lo, b.lo), F::min(a.hi, b.hi)}; }
@@ -150,52 +168,68 @@ __m256i mul_epi8(__m256i a, __m256i b) {
                          _mm256_slli_epi16(odd, 8));
 }
 
-// Quotients of 8 bytes (the low half of v) as int32, through float: exact
-// after truncation, as |x| < 2^24.
-template <bool kSigned>
-__m256i quotient8(__m128i v, __m256 d) {
-  const __m256i x = kSigned ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
-  return _mm256_cvttps_epi32(_mm256_div_ps(_mm256_cvtepi32_ps(x), d));
+// Byte division (truncating, as C++ `/`) in 16-bit lanes: for 0 <= x < 2^8,
+// x / d = (x * m) >> 16 with m = ceil(2^16 / d): writing m * d = 2^16 + e
+// (e < d), the excess x * e / 2^16 stays below 1 for d <= 2^8, and for
+// larger d both sides are 0. For d = 1 (m = 2^16) m is 0 and a mask adds x
+// back. Signed bytes divide their magnitude.
+struct ByteDivisor {
+  __m256i m;     // low 16 bits of m
+  __m256i self;  // all ones when d = 1
+};
+
+ByteDivisor byte_divisor(int d) {
+  unsigned m = 0;  // d = 1: see `self`; d < 1 comes only with kernels that do not divide
+  if (d > (1 << 16)) {
+    m = 1;
+  } else if (d >= 2) {
+    m = ((1u << 16) + d - 1) / d;
+  }
+  return {_mm256_set1_epi16(static_cast<short>(m & 0xffff)),
+          _mm256_set1_epi16(static_cast<short>(d == 1 ? -1 : 0))};
+}
+
+__m256i quotient16(__m256i x, const ByteDivisor& d) {
+  return _mm256_add_epi16(_mm256_mulhi_epu16(x, d.m), _mm256_and_si256(x, d.self));
 }
 
 template <bool kSigned>
-__m256i div_epi8(__m256i x, __m256 d) {
-  const __m128i lo = _mm256_castsi256_si128(x);
-  const __m128i hi = _mm256_extracti128_si256(x, 1);
-  // The packs work within 128-bit halves; each permute restores element order.
-  const __m256i w0 = _mm256_permute4x64_epi64(
-      _mm256_packs_epi32(quotient8<kSigned>(lo, d), quotient8<kSigned>(_mm_srli_si128(lo, 8), d)),
-      0xd8);
-  const __m256i w1 = _mm256_permute4x64_epi64(
-      _mm256_packs_epi32(quotient8<kSigned>(hi, d), quotient8<kSigned>(_mm_srli_si128(hi, 8), d)),
-      0xd8);
-  const __m256i b = kSigned ? _mm256_packs_epi16(w0, w1) : _mm256_packus_epi16(w0, w1);
-  return _mm256_permute4x64_epi64(b, 0xd8);
+__m256i div_epi8(__m256i x, const ByteDivisor& d) {
+  const __m256i u = kSigned ? _mm256_abs_epi8(x) : x;
+  const __m256i zero = _mm256_setzero_si256();
+  // unpack and packus both work within 128-bit halves, so the order holds.
+  const __m256i q = _mm256_packus_epi16(quotient16(_mm256_unpacklo_epi8(u, zero), d),
+                                        quotient16(_mm256_unpackhi_epi8(u, zero), d));
+  return kSigned ? _mm256_sign_epi8(q, x) : q;
 }
 
 template <>
 struct Lanes<int8_t> : IntLanes {
-  using Divisor = __m256;
+  using Divisor = ByteDivisor;
   static V add(V a, V b) { return _mm256_add_epi8(a, b); }
   static V mul(V a, V b) { return mul_epi8(a, b); }
   static V min(V a, V b) { return _mm256_min_epi8(a, b); }
   static V max(V a, V b) { return _mm256_max_epi8(a, b); }
-  static Divisor divisor(int d) { return _mm256_set1_ps(static_cast<float>(d)); }
-  static V div(V a, Divisor d) { return div_epi8<true>(a, d); }
+  static Divisor divisor(int d) { return byte_divisor(d); }
+  static V div(V a, const Divisor& d) { return div_epi8<true>(a, d); }
 };
 
 template <>
 struct Lanes<uint8_t> : IntLanes {
-  using Divisor = __m256;
+  using Divisor = ByteDivisor;
   static V add(V a, V b) { return _mm256_add_epi8(a, b); }
   static V mul(V a, V b) { return mul_epi8(a, b); }
   static V min(V a, V b) { return _mm256_min_epu8(a, b); }
   static V max(V a, V b) { return _mm256_max_epu8(a, b); }
-  static Divisor divisor(int d) { return _mm256_set1_ps(static_cast<float>(d)); }
-  static V div(V a, Divisor d) { return div_epi8<false>(a, d); }
+  static Divisor divisor(int d) { return byte_divisor(d); }
+  static V div(V a, const Divisor& d) { return div_epi8<false>(a, d); }
 };
 
-// int32 quotients through double: exact after truncation, as |x| < 2^53.
+// int32 division multiplies by 1/d enlarged by 2^-40, in double. With the
+// rounding errors the product is x/d * (1 + e), 0 < e < 2^-39: never below
+// an exact integer quotient, and never up to the next integer above an
+// inexact one, which lies at least 1/d away, more than |x/d| * e as
+// |x| <= 2^31.
 template <>
 struct Lanes<int32_t> : IntLanes {
   using Divisor = __m256d;
@@ -203,20 +237,26 @@ struct Lanes<int32_t> : IntLanes {
   static V mul(V a, V b) { return _mm256_mullo_epi32(a, b); }
   static V min(V a, V b) { return _mm256_min_epi32(a, b); }
   static V max(V a, V b) { return _mm256_max_epi32(a, b); }
-  static Divisor divisor(int d) { return _mm256_set1_pd(static_cast<double>(d)); }
+  static Divisor divisor(int d) { return _mm256_set1_pd(1.0 / d * (1 + 0x1p-40)); }
   static V div(V a, Divisor d) {
-    const __m128i lo = _mm256_cvttpd_epi32(_mm256_div_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(a)), d));
-    const __m128i hi =
-        _mm256_cvttpd_epi32(_mm256_div_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(a, 1)), d));
-    return _mm256_set_m128i(hi, lo);
+    const __m256d lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(a));
+    const __m256d hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(a, 1));
+    return _mm256_set_m128i(_mm256_cvttpd_epi32(_mm256_mul_pd(hi, d)),
+                            _mm256_cvttpd_epi32(_mm256_mul_pd(lo, d)));
   }
 };
 
-// AVX2 has no 64-bit multiply, min or max: build them from 32-bit products
-// and compares. Division is per element (no SIMD integer divide).
+// AVX2 has no 64-bit multiply, min, max or conversion to double: build them
+// from 32-bit products, compares and the 1.5 * 2^52 trick (exact for
+// |x| < 2^51). Division goes through double when every element is that
+// small (a correctly rounded quotient truncates right for |x| < 2^53), else
+// element by element.
 template <>
 struct Lanes<int64_t> : IntLanes {
-  using Divisor = int64_t;
+  struct Divisor {
+    __m256d d;
+    int64_t i;
+  };
   static V add(V a, V b) { return _mm256_add_epi64(a, b); }
   static V mul(V a, V b) {
     const __m256i lo = _mm256_mul_epu32(a, b);
@@ -226,19 +266,28 @@ struct Lanes<int64_t> : IntLanes {
   }
   static V min(V a, V b) { return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(a, b)); }
   static V max(V a, V b) { return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(b, a)); }
-  static Divisor divisor(int d) { return d; }
-  static V div(V a, Divisor d) {
+  static Divisor divisor(int d) { return {_mm256_set1_pd(static_cast<double>(d)), d}; }
+  static V div(V a, const Divisor& d) {
+    const __m256i offset = _mm256_add_epi64(a, _mm256_set1_epi64x(int64_t{1} << 51));
+    if (_mm256_testz_si256(offset, _mm256_set1_epi64x(-(int64_t{1} << 52)))) {
+      const __m256d magic = _mm256_set1_pd(0x1.8p52);
+      const __m256d x = _mm256_sub_pd(
+          _mm256_castsi256_pd(_mm256_add_epi64(a, _mm256_castpd_si256(magic))), magic);
+      const __m256d q =
+          _mm256_round_pd(_mm256_div_pd(x, d.d), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      return _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(q, magic)),
+                              _mm256_castpd_si256(magic));
+    }
     alignas(32) int64_t v[4];
     _mm256_store_si256(reinterpret_cast<__m256i*>(v), a);
-    for (int64_t& x : v) x /= d;
+    for (int64_t& x : v) x /= d.i;
     return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
   }
 };
 
 // One 32-byte block of the result, narrowed back to storage bits.
 template <class T, Kind K>
-__m256i block(const unsigned char* a, const unsigned char* b,
-              const typename Lanes<T>::Divisor& d) {
+__m256i block(const unsigned char* a, const unsigned char* b, const typename Lanes<T>::Divisor& d) {
   using L = Lanes<T>;
   const typename L::V x = L::load(a);
   if constexpr (K == Kind::Div) {
@@ -299,10 +348,8 @@ void avx2_kernel(void* dst, void* dst2, const void* a, const void* b, size_t cou
   // Non-temporal stores need a 32-byte aligned dst: get there with a partial
   // block, which is possible when dst is aligned to its element size.
   const bool nt = streaming && reinterpret_cast<uintptr_t>(d) % sizeof(T) == 0;
-  size_t o = 0;
-  if (nt && (o = head_bytes(d, bytes)) != 0) {
-    partial_block<T, K>(d, d2, pa, pb, o, div);
-  }
+  size_t o = nt ? head_bytes(d, bytes) : 0;
+  if (o != 0) partial_block<T, K>(d, d2, pa, pb, o, div);
   for (; o + 32 <= bytes; o += 32) {
     const __m256i r = block<T, K>(pa + o, pb + o, div);
     store(d + o, r, nt);
@@ -320,8 +367,8 @@ void avx2_copy(void* dst, void* dst2, const void* src, size_t bytes, bool stream
     std::memcpy(d, s, bytes);
     return;
   }
-  size_t o = 0;
-  if (streaming && (o = head_bytes(d, bytes)) != 0) {
+  size_t o = streaming ? head_bytes(d, bytes) : 0;
+  if (o != 0) {
     std::memcpy(d, s, o);
     if (d2) std::memcpy(d2, s, o);
   }

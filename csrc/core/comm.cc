@@ -97,7 +97,8 @@ void Communicator::connect(Store& store, const std::string& name) {
     return out;
   };
   executor_ = std::make_unique<Executor>(raw(collective_conns_));
-  p2p_ = std::make_unique<P2p>(rank_, raw(p2p_conns_));
+  p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s_,
+                                     [this](const std::string& error) { fail(error); });
 }
 
 std::string Communicator::transport_to(int peer) const {
@@ -158,6 +159,7 @@ void Communicator::fail(const std::string& reason) {
     abort_reason_ = reason;
     aborted_.store(true, std::memory_order_release);
   }
+  if (p2p_) p2p_->fail_all(std::make_exception_ptr(AbortedError(reason)));
   for (auto* conns : {&collective_conns_, &p2p_conns_}) {
     for (auto& conn : *conns) {
       if (conn) conn->shutdown();
@@ -301,37 +303,18 @@ std::shared_ptr<Work> Communicator::send(const void* buf, size_t bytes, int peer
                                          bool async) {
   check_peer(peer, "send", false);
   check_usable();
-  return queue_.submit(
-      [=](uint64_t seq, Work&) {
-        check_usable();
-        try {
-          p2p_->send(buf, bytes, peer, tag,
-                     op_context("send", seq, DataType::UInt8, ReduceOp::Sum, bytes));
-        } catch (const Error& e) {
-          fail(e.what());
-          throw;
-        }
-      },
-      async);
+  auto work = p2p_->send(buf, bytes, peer, tag);
+  if (!async) work->wait(-1);
+  return work;
 }
 
 std::shared_ptr<Work> Communicator::recv(void* buf, size_t bytes, int peer, uint32_t tag,
                                          bool async) {
   check_peer(peer, "recv", true);
   check_usable();
-  return queue_.submit(
-      [=](uint64_t seq, Work& work) {
-        check_usable();
-        try {
-          work.set_source(p2p_->recv(buf, bytes, peer, tag,
-                                     op_context("recv", seq, DataType::UInt8, ReduceOp::Sum,
-                                                bytes)));
-        } catch (const Error& e) {
-          fail(e.what());
-          throw;
-        }
-      },
-      async);
+  auto work = p2p_->recv(buf, bytes, peer, tag);
+  if (!async) work->wait(-1);
+  return work;
 }
 
 }  // namespace weft

@@ -67,7 +67,9 @@ class Communicator {
   std::shared_ptr<Work> scatter(const void* in, void* out, size_t count, DataType dtype, int root,
                                 bool async);
   std::shared_ptr<Work> send(const void* buf, size_t bytes, int peer, uint32_t tag, bool async);
-  // peer < 0 receives from any rank; Work::source() tells which.
+  // Point-to-point calls do not wait for earlier collectives: they progress
+  // on their own channel. peer < 0 receives from any rank; Work::source()
+  // tells which.
   std::shared_ptr<Work> recv(void* buf, size_t bytes, int peer, uint32_t tag, bool async);
 
   // Fails this and every later operation and wakes the peers with an error.
@@ -103,7 +105,7 @@ class Communicator {
   std::vector<std::unique_ptr<Connection>> collective_conns_;
   std::vector<std::unique_ptr<Connection>> p2p_conns_;
   std::unique_ptr<Executor> executor_;
-  std::unique_ptr<P2p> p2p_;
+  std::unique_ptr<P2pEngine> p2p_;
   std::map<PlanKey, Plan> plans_;  // touched only by the running op
   std::vector<char> scratch_;
   char barrier_byte_ = 0;

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -259,8 +261,9 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
                                   [](const Socket& s) { return s.valid(); });
       if (!complete) list += (list.empty() ? "" : ", ") + std::to_string(r);
     }
-    return me + ": timed out after " + std::to_string(timeout_s) +
-           "s waiting for rank(s) " + list + " to connect";
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", timeout_s);
+    return me + ": timed out after " + seconds + " s waiting for rank(s) " + list + " to connect";
   };
   while (expected > 0) {
     pollfd pfd{listener.fd(), POLLIN, 0};
@@ -299,8 +302,9 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
       s.set_nodelay();
     }
   }
-  WEFT_LOG(Info, rank, "bootstrap: connected to " << size - 1 << " peer(s), " << sockets_per_peer
-                                                  << " socket(s) each");
+  WEFT_LOG(Info, rank,
+           "bootstrap: connected to " << size - 1 << " peer(s), " << sockets_per_peer
+                                      << " socket(s) each");
 }
 
 }  // namespace weft

@@ -12,132 +12,275 @@ namespace {
 
 constexpr uint32_t kMagic = 0x77667470;  // "wftp"
 
-std::string describe(const OpContext& op, const std::string& what, int peer) {
+}  // namespace
+
+P2pEngine::P2pEngine(int rank, std::vector<Connection*> connections, double timeout_s,
+                     std::function<void(const std::string&)> on_error)
+    : rank_(rank),
+      conns_(std::move(connections)),
+      timeout_s_(timeout_s),
+      on_error_(std::move(on_error)),
+      sends_(conns_.size()),
+      arrivals_(conns_.size()),
+      stash_(conns_.size()) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+P2pEngine::~P2pEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  fail_all(std::make_exception_ptr(
+      AbortedError("the communicator was destroyed before this operation finished")));
+}
+
+std::string P2pEngine::describe(const char* op, uint64_t seq, int peer) const {
   std::ostringstream msg;
-  msg << op.name << " #" << op.seq << " on rank " << op.rank << " " << what;
+  msg << op << " #" << seq << " (point-to-point) on rank " << rank_;
   if (peer >= 0) {
-    msg << " rank " << peer;
+    msg << " with rank " << peer;
   } else {
-    msg << " any rank";
+    msg << " from any rank";
   }
   return msg.str();
 }
 
-void progress(Connection* conn, const OpContext& op, int peer) {
-  try {
-    conn->progress();
-  } catch (const PeerError& e) {
-    throw PeerError(describe(op, "lost", peer) + ": " + e.what());
+std::shared_ptr<Work> P2pEngine::send(const void* data, size_t bytes, int peer, uint32_t tag) {
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.empty()) throw AbortedError(failed_);
+    sends_[peer].push_back(
+        SendRequest{work, static_cast<const char*>(data), bytes, tag, next_seq_++});
+  }
+  cv_.notify_all();
+  return work;
+}
+
+std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, int peer, uint32_t tag) {
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.empty()) throw AbortedError(failed_);
+    auto request = std::make_shared<RecvRequest>(
+        RecvRequest{work, static_cast<char*>(data), bytes, peer, tag, next_seq_++});
+    if (!match_stashed(request)) recvs_.push_back(request);
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void P2pEngine::fail_all(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.empty()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      failed_ = e.what();
+    }
+  }
+  for (auto& queue : sends_) {
+    for (auto& request : queue) request.work->complete(error);
+    queue.clear();
+  }
+  for (auto& request : recvs_) request->work->complete(error);
+  recvs_.clear();
+  for (auto& arrival : arrivals_) {
+    if (arrival.request) arrival.request->work->complete(error);
+    arrival = Arrival();
   }
 }
 
-// Retries `attempt` until it succeeds, progressing `conn` in between.
-template <typename Attempt>
-void wait_on(Connection* conn, int peer, const OpContext& op, Backoff& backoff,
-             const char* what, Attempt attempt) {
-  while (!attempt()) {
-    progress(conn, op, peer);
-    if (attempt()) break;
-    backoff.idle([&] { return describe(op, what, peer); });
+std::string P2pEngine::oldest_pending() const {
+  const RecvRequest* recv = recvs_.empty() ? nullptr : recvs_.front().get();
+  const SendRequest* send = nullptr;
+  int send_peer = -1;
+  for (size_t p = 0; p < sends_.size(); ++p) {
+    if (!sends_[p].empty() && (!send || sends_[p].front().seq < send->seq)) {
+      send = &sends_[p].front();
+      send_peer = static_cast<int>(p);
+    }
   }
-  backoff.reset();
-}
-
-// A matched message must fill the receive buffer exactly.
-void check_length(const OpContext& op, int source, uint32_t tag, size_t sent, size_t expected) {
-  if (sent == expected) return;
-  std::ostringstream msg;
-  msg << describe(op, "matched a message from", source) << " with tag " << tag << " of " << sent
-      << " bytes, but the receive buffer has " << expected
-      << " bytes; post a receive of the size that was sent";
-  throw InvalidArgument(msg.str());
-}
-
-}  // namespace
-
-P2p::P2p(int rank, std::vector<Connection*> connections)
-    : rank_(rank), conns_(std::move(connections)), stash_(conns_.size()) {}
-
-void P2p::send(const void* data, size_t bytes, int peer, uint32_t tag, const OpContext& op) {
-  Connection* conn = conns_[peer];
-  Backoff backoff(op.timeout_s);
-  Header header{kMagic, tag, bytes};
-  void* slot = nullptr;
-  wait_on(conn, peer, op, backoff, "waiting to send to",
-          [&] { return (slot = conn->send_slot()) != nullptr; });
-  std::memcpy(slot, &header, sizeof(header));
-  conn->post_send(sizeof(header));
-  const char* p = static_cast<const char*>(data);
-  for (size_t off = 0; off < bytes; off += conn->slot_bytes()) {
-    size_t n = std::min(conn->slot_bytes(), bytes - off);
-    wait_on(conn, peer, op, backoff, "waiting to send to",
-            [&] { return conn->send_from(p + off, n); });
+  if (send && (!recv || send->seq < recv->seq)) {
+    return describe("send", send->seq, send_peer) + " waiting for the peer to receive";
   }
-  wait_on(conn, peer, op, backoff, "waiting to finish sending to",
-          [&] { return conn->sends_complete(); });
+  return recv ? describe("recv", recv->seq, recv->peer) + " waiting for a message with tag " +
+                    std::to_string(recv->tag)
+              : std::string("point-to-point");
 }
 
-void P2p::recv_payload(void* data, size_t bytes, int peer, const OpContext& op) {
-  Connection* conn = conns_[peer];
-  Backoff backoff(op.timeout_s);
-  char* p = static_cast<char*>(data);
-  for (size_t off = 0; off < bytes; off += conn->slot_bytes()) {
-    size_t n = std::min(conn->slot_bytes(), bytes - off);
-    wait_on(conn, peer, op, backoff, "receiving from",
-            [&] { return conn->recv_into(p + off, n); });
+bool P2pEngine::pending() const {
+  if (!recvs_.empty()) return true;
+  for (const auto& queue : sends_) {
+    if (!queue.empty()) return true;
   }
+  return false;
 }
 
-bool P2p::take_stashed(void* data, size_t bytes, int peer, uint32_t tag, const OpContext& op,
-                       int* source) {
+// A posted receive may already have its message set aside.
+bool P2pEngine::match_stashed(const std::shared_ptr<RecvRequest>& request) {
   for (size_t p = 0; p < stash_.size(); ++p) {
-    if (peer >= 0 && static_cast<int>(p) != peer) continue;
+    if (request->peer >= 0 && static_cast<int>(p) != request->peer) continue;
     auto& queue = stash_[p];
-    auto it = std::find_if(queue.begin(), queue.end(), [&](const Stashed& s) { return s.tag == tag; });
+    auto it = std::find_if(queue.begin(), queue.end(),
+                           [&](const Stashed& s) { return s.tag == request->tag; });
     if (it == queue.end()) continue;
-    check_length(op, static_cast<int>(p), tag, it->payload.size(), bytes);
-    std::memcpy(data, it->payload.data(), bytes);
+    if (it->payload.size() != request->bytes) {
+      request->work->complete(std::make_exception_ptr(InvalidArgument(
+          describe("recv", request->seq, static_cast<int>(p)) + ": the message with tag " +
+          std::to_string(request->tag) + " has " + std::to_string(it->payload.size()) +
+          " bytes but the receive buffer " + std::to_string(request->bytes))));
+    } else {
+      std::memcpy(request->data, it->payload.data(), request->bytes);
+      request->work->set_source(static_cast<int>(p));
+      request->work->complete();
+    }
     queue.erase(it);
-    *source = static_cast<int>(p);
     return true;
   }
   return false;
 }
 
-int P2p::recv(void* data, size_t bytes, int peer, uint32_t tag, const OpContext& op) {
-  int source = -1;
-  if (take_stashed(data, bytes, peer, tag, op, &source)) return source;
-  Backoff backoff(op.timeout_s);
-  while (true) {
-    bool idle = true;
-    for (size_t p = 0; p < conns_.size(); ++p) {
-      if (conns_[p] == nullptr || (peer >= 0 && static_cast<int>(p) != peer)) continue;
-      Connection* conn = conns_[p];
-      progress(conn, op, static_cast<int>(p));
-      const void* slot = conn->recv_slot(sizeof(Header));
-      if (slot == nullptr) continue;
-      Header header;
-      std::memcpy(&header, slot, sizeof(header));
-      conn->release_recv();
-      if (header.magic != kMagic) {
-        throw PeerError(describe(op, "got a corrupt message header from", static_cast<int>(p)));
+bool P2pEngine::progress_sends(int peer) {
+  auto& queue = sends_[peer];
+  if (queue.empty()) return false;
+  Connection* conn = conns_[peer];
+  SendRequest& request = queue.front();
+  bool moved = false;
+  if (!request.header_sent) {
+    void* slot = conn->send_slot();
+    if (slot == nullptr) return false;
+    Header header{kMagic, request.tag, request.bytes};
+    std::memcpy(slot, &header, sizeof(header));
+    conn->post_send(sizeof(header));
+    request.header_sent = true;
+    moved = true;
+  }
+  while (request.posted < request.bytes) {
+    size_t n = std::min(conn->slot_bytes(), request.bytes - request.posted);
+    if (!conn->send_from(request.data + request.posted, n)) return moved;
+    request.posted += n;
+    moved = true;
+  }
+  // Sends may go by reference: the buffer is the caller's again only once
+  // the connection has let go of it.
+  if (!conn->sends_complete()) return moved;
+  request.work->complete();
+  queue.pop_front();
+  return true;
+}
+
+void P2pEngine::start_arrival(int peer, const Header& header) {
+  Arrival& a = arrivals_[peer];
+  a = Arrival();
+  a.active = true;
+  a.tag = header.tag;
+  a.bytes = header.bytes;
+  auto it = std::find_if(recvs_.begin(), recvs_.end(), [&](const auto& r) {
+    return (r->peer < 0 || r->peer == peer) && r->tag == header.tag;
+  });
+  if (it != recvs_.end() && (*it)->bytes == header.bytes) {
+    a.request = *it;
+    a.dest = (*it)->data;
+    recvs_.erase(it);
+    return;
+  }
+  if (it != recvs_.end()) {
+    // Wrong size: the receive fails, the bytes are drained into the stash.
+    (*it)->work->complete(std::make_exception_ptr(InvalidArgument(
+        describe("recv", (*it)->seq, peer) + ": rank " + std::to_string(peer) +
+        " sent a message with tag " + std::to_string(header.tag) + " of " +
+        std::to_string(header.bytes) + " bytes but the receive buffer has " +
+        std::to_string((*it)->bytes) + "; post a receive of the size that was sent")));
+    recvs_.erase(it);
+    a.error = "drained";
+  }
+  a.stash.resize(header.bytes);
+  a.dest = a.stash.data();
+}
+
+void P2pEngine::finish_arrival(int peer) {
+  Arrival& a = arrivals_[peer];
+  if (a.request) {
+    a.request->work->set_source(peer);
+    a.request->work->complete();
+  } else if (a.error.empty()) {
+    stash_[peer].push_back(Stashed{a.tag, std::move(a.stash)});
+    // A receive posted while this message was arriving may want it.
+    for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+      if (match_stashed(*it)) {
+        recvs_.erase(it);
+        break;
       }
-      idle = false;
-      if (header.tag == tag) {
-        check_length(op, static_cast<int>(p), tag, header.bytes, bytes);
-        recv_payload(data, bytes, static_cast<int>(p), op);
-        return static_cast<int>(p);
-      }
-      Stashed stashed{header.tag, std::vector<char>(header.bytes)};
-      recv_payload(stashed.payload.data(), header.bytes, static_cast<int>(p), op);
-      stash_[p].push_back(std::move(stashed));
     }
-    if (idle) {
-      backoff.idle([&] { return describe(op, "waiting for a message with tag " +
-                                                     std::to_string(tag) + " from",
-                                                 peer); });
+  }
+  a = Arrival();
+}
+
+bool P2pEngine::progress_arrival(int peer) {
+  Connection* conn = conns_[peer];
+  Arrival& a = arrivals_[peer];
+  bool moved = false;
+  if (!a.active) {
+    const void* slot = conn->recv_slot(sizeof(Header));
+    if (slot == nullptr) return false;
+    Header header;
+    std::memcpy(&header, slot, sizeof(header));
+    conn->release_recv();
+    if (header.magic != kMagic) {
+      throw PeerError("corrupt point-to-point header from rank " + std::to_string(peer));
+    }
+    start_arrival(peer, header);
+    moved = true;
+  }
+  while (a.received < a.bytes) {
+    size_t n = std::min(conn->slot_bytes(), a.bytes - a.received);
+    if (!conn->recv_into(a.dest + a.received, n)) return moved;
+    a.received += n;
+    moved = true;
+  }
+  finish_arrival(peer);
+  return true;
+}
+
+void P2pEngine::loop() {
+  Backoff backoff(timeout_s_);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || (failed_.empty() && pending()); });
+    if (stopping_) return;
+    bool moved = false;
+    std::exception_ptr error;
+    try {
+      for (size_t p = 0; p < conns_.size(); ++p) {
+        if (conns_[p] == nullptr) continue;
+        conns_[p]->progress();
+        moved |= progress_sends(static_cast<int>(p));
+        moved |= progress_arrival(static_cast<int>(p));
+      }
+    } catch (const Error&) {
+      error = std::current_exception();
+    }
+    if (!error && !moved && pending()) {
+      std::string waiting = oldest_pending();
+      lock.unlock();
+      try {
+        backoff.idle([&] { return waiting; });
+      } catch (const TimeoutError&) {
+        error = std::current_exception();
+      }
+      lock.lock();
     } else {
       backoff.reset();
+    }
+    if (error) {
+      lock.unlock();
+      fail_all(error);
+      on_error_(failed_);
+      lock.lock();
     }
   }
 }

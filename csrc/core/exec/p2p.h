@@ -1,28 +1,48 @@
-// Tagged point-to-point messages on their own channel, so they never mix with
-// collective traffic. A message is a 16-byte header {tag, length} followed by
-// its payload in slot-sized pieces. A receive takes the next message from the
-// named peer (or from any peer) whose tag matches; messages with other tags
-// that arrive first are set aside for later receives.
+// Tagged point-to-point messages on their own channel, progressed together
+// by one engine thread, so that any mix of posted sends and receives
+// completes (post the receive, then the send, then wait: the usual pattern)
+// and never mixes with collective traffic.
+//
+// On the wire a message is a 16-byte header {magic, tag, length} followed by
+// its payload in slot-sized pieces. A message is matched to the oldest posted
+// receive that names its source (or any source) and its tag; one that arrives
+// before its receive is set aside until it is posted. Messages from one
+// source with one tag are matched in the order they were sent.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
-#include "core/exec/executor.h"
+#include "core/exec/work.h"
 #include "core/transport/connection.h"
 
 namespace weft {
 
-class P2p {
+class P2pEngine {
  public:
-  // connections[p] is the p2p-channel connection to rank p (null for self).
-  P2p(int rank, std::vector<Connection*> connections);
+  // connections[p] is the point-to-point connection to rank p (null for this
+  // rank). `on_error` runs (once, on the engine thread) when a peer is lost
+  // or nothing moves for timeout_s; every pending request fails with it.
+  P2pEngine(int rank, std::vector<Connection*> connections, double timeout_s,
+            std::function<void(const std::string&)> on_error);
+  ~P2pEngine();
+  P2pEngine(const P2pEngine&) = delete;
+  P2pEngine& operator=(const P2pEngine&) = delete;
 
-  void send(const void* data, size_t bytes, int peer, uint32_t tag, const OpContext& op);
-  // peer < 0: any source. Returns the source rank. Throws InvalidArgument
-  // when the matched message's length differs from `bytes`.
-  int recv(void* data, size_t bytes, int peer, uint32_t tag, const OpContext& op);
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag);
+  // peer < 0: any source; Work::source() tells which.
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag);
+
+  // Fails every pending and later request with `error`.
+  void fail_all(std::exception_ptr error);
 
  private:
   struct Header {
@@ -30,19 +50,64 @@ class P2p {
     uint32_t tag;
     uint64_t bytes;
   };
+  struct SendRequest {
+    std::shared_ptr<Work> work;
+    const char* data;
+    size_t bytes;
+    uint32_t tag;
+    uint64_t seq;
+    bool header_sent = false;
+    size_t posted = 0;  // payload bytes handed to the connection
+  };
+  struct RecvRequest {
+    std::shared_ptr<Work> work;
+    char* data;
+    size_t bytes;
+    int peer;
+    uint32_t tag;
+    uint64_t seq;
+  };
   struct Stashed {
     uint32_t tag;
     std::vector<char> payload;
   };
+  // The message currently arriving from one peer.
+  struct Arrival {
+    bool active = false;
+    uint32_t tag = 0;
+    size_t bytes = 0;
+    size_t received = 0;
+    char* dest = nullptr;
+    std::shared_ptr<RecvRequest> request;  // null: goes to the stash
+    std::vector<char> stash;
+    std::string error;  // set when the matched receive has the wrong size
+  };
 
-  bool take_stashed(void* data, size_t bytes, int peer, uint32_t tag, const OpContext& op,
-                    int* source);
-  // Receives `bytes` of payload from `peer` into `data`, slot by slot.
-  void recv_payload(void* data, size_t bytes, int peer, const OpContext& op);
+  void loop();
+  bool progress_sends(int peer);
+  bool progress_arrival(int peer);
+  void start_arrival(int peer, const Header& header);
+  void finish_arrival(int peer);
+  bool match_stashed(const std::shared_ptr<RecvRequest>& request);
+  bool pending() const;
+  std::string oldest_pending() const;
+  std::string describe(const char* op, uint64_t seq, int peer) const;
 
-  int rank_;
-  std::vector<Connection*> conns_;
+  const int rank_;
+  const std::vector<Connection*> conns_;
+  const double timeout_s_;
+  const std::function<void(const std::string&)> on_error_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::deque<SendRequest>> sends_;  // per peer, in order
+  std::list<std::shared_ptr<RecvRequest>> recvs_;  // posted, oldest first
+  std::vector<Arrival> arrivals_;
   std::vector<std::deque<Stashed>> stash_;  // per peer, arrival order
+  uint64_t next_seq_ = 0;
+  std::string failed_;  // non-empty once the engine has failed
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 }  // namespace weft

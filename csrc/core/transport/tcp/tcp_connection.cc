@@ -9,8 +9,12 @@
 // Receiving: the receiver only learns a message's length when the executor
 // asks for it, so bytes are only read for the message currently requested,
 // straight into its destination (a receive staging buffer for recv_slot, the
-// caller's memory for recv_into). Everything else waits in the kernel's socket
-// buffer, which is the read-ahead; reading it earlier would cost a copy.
+// caller's memory for recv_into, and that only during recv_into calls).
+// Everything else waits in the kernel's socket buffer, which is the
+// read-ahead; reading it earlier into staging would cost a copy.
+//
+// Staged messages are limited to slot_bytes; send_from/recv_into need no
+// staging and accept any length (both sides must still agree on it).
 #include "core/transport/tcp/tcp_connection.h"
 
 #include <netinet/in.h>
@@ -34,12 +38,10 @@ constexpr int kSocketBufferBytes = 4 << 20;
 // iovecs per sendmsg: every queued message fits.
 constexpr int kMaxIov = 64;
 
-[[noreturn]] void throw_socket_error(const char* op, int err) {
-  if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN) {
-    throw PeerError("connection to peer closed (" + std::string(op) + ": " +
-                    std::strerror(err) + ")");
-  }
-  throw_system_error(std::string("tcp ") + op, err);
+std::string socket_error(const char* op, int err) {
+  const bool gone = err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN;
+  return std::string(gone ? "connection to peer closed (" : "connection to peer failed (") + op +
+         ": " + std::strerror(err) + ")";
 }
 
 class TcpConnection : public Connection {
@@ -47,13 +49,10 @@ class TcpConnection : public Connection {
   TcpConnection(Socket socket, const TcpOptions& options)
       : socket_(std::move(socket)),
         slot_bytes_(options.slot_bytes),
-        slots_(options.slots),
+        slots_(checked_slots(options)),
         send_bufs_(slots_),
         queue_(slots_),
         recv_bufs_(slots_) {
-    if (slots_ < 1 || slot_bytes_ == 0) {
-      throw InvalidArgument("tcp connection needs at least one slot of at least one byte");
-    }
     for (int i = slots_ - 1; i >= 0; --i) free_bufs_.push_back(i);
     socket_.set_nonblocking();
     socket_.set_nodelay();
@@ -66,6 +65,7 @@ class TcpConnection : public Connection {
   // ---- sending ----
 
   void* send_slot() override {
+    if (!broken_.empty()) return nullptr;
     if (reserved_ >= 0) return send_bufs_[reserved_].get();
     if (!send_room()) return nullptr;
     reserved_ = free_bufs_.back();
@@ -84,7 +84,7 @@ class TcpConnection : public Connection {
   }
 
   bool send_from(const void* src, size_t bytes) override {
-    if (!send_room()) return false;
+    if (!broken_.empty() || !send_room()) return false;
     enqueue(static_cast<const char*>(src), bytes, -1);
     push();
     return true;
@@ -99,19 +99,21 @@ class TcpConnection : public Connection {
 
   const void* recv_slot(size_t bytes) override {
     check_size("recv_slot", bytes);
-    if (target_ == Target::User) {
-      // Switching a half-received message to staging: move what has arrived.
-      check_same("recv_slot", bytes);
-      if (held_ == slots_) return nullptr;
-      char* slot = next_recv_buf();
-      std::memcpy(slot, dst_, done_);
-      dst_ = slot;
-      target_ = Target::Slot;
-    } else if (target_ == Target::None) {
+    if (!broken_.empty()) return nullptr;
+    forget_unstarted();
+    if (target_ == Target::None) {
       if (held_ == slots_) return nullptr;
       start_recv(Target::Slot, next_recv_buf(), bytes);
     } else {
       check_same("recv_slot", bytes);
+      if (target_ == Target::User) {
+        // Switching a half-received message to staging: move what arrived.
+        if (held_ == slots_) return nullptr;
+        char* slot = next_recv_buf();
+        std::memcpy(slot, dst_, done_);
+        dst_ = slot;
+        target_ = Target::Slot;
+      }
     }
     pull();
     if (done_ < expected_) return nullptr;
@@ -128,18 +130,21 @@ class TcpConnection : public Connection {
 
   bool recv_into(void* dst, size_t bytes) override {
     char* out = static_cast<char*>(dst);
+    if (!broken_.empty()) return false;
+    forget_unstarted();
     if (target_ == Target::None) {
       start_recv(Target::User, out, bytes);
-    } else if (target_ == Target::Slot) {
-      // Part of this message was staged by recv_slot: copy it, read the rest
-      // straight into `dst`.
-      check_same("recv_into", bytes);
-      std::memcpy(out, dst_, done_);
-      dst_ = out;
-      target_ = Target::User;
     } else {
       check_same("recv_into", bytes);
-      if (out != dst_) throw InvalidArgument("recv_into repeated with a different buffer");
+      if (target_ == Target::Slot) {
+        // Part of this message was staged by recv_slot: copy it, read the
+        // rest straight into `dst`.
+        std::memcpy(out, dst_, done_);
+        dst_ = out;
+        target_ = Target::User;
+      } else if (out != dst_) {
+        throw InvalidArgument("recv_into repeated with a different buffer mid-message");
+      }
     }
     pull();
     if (done_ < expected_) return false;
@@ -147,9 +152,15 @@ class TcpConnection : public Connection {
     return true;
   }
 
+  // Reads ahead only into staging: caller memory is written inside
+  // recv_into alone, so a buffer the caller gave up on (after an error
+  // elsewhere) is never touched later. A socket failure is reported here,
+  // where the caller adds which op and peer were affected; the other calls
+  // only stop succeeding.
   void progress() override {
     push();
-    pull();
+    if (target_ == Target::Slot) pull();
+    if (!broken_.empty()) throw PeerError(broken_);
   }
 
   void shutdown() override { socket_.shutdown(); }
@@ -168,6 +179,13 @@ class TcpConnection : public Connection {
     int buf;  // staging buffer to free when sent, -1 for send_from
   };
   enum class Target { None, Slot, User };
+
+  static int checked_slots(const TcpOptions& o) {
+    if (o.slots < 1 || o.slot_bytes == 0) {
+      throw InvalidArgument("tcp connection needs at least one slot of at least one byte");
+    }
+    return o.slots;
+  }
 
   void check_size(const char* op, size_t bytes) const {
     if (bytes > slot_bytes_) {
@@ -199,7 +217,7 @@ class TcpConnection : public Connection {
   // Writes as much of the queue as the socket takes, several messages per
   // call. Never blocks.
   void push() {
-    while (queued_ > 0) {
+    while (broken_.empty() && queued_ > 0) {
       iovec iov[kMaxIov];
       int n_iov = 0;
       size_t wanted = 0;
@@ -221,7 +239,7 @@ class TcpConnection : public Connection {
         if (n < 0) {
           if (errno == EINTR) continue;
           if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-          throw_socket_error("send", errno);
+          return fail(socket_error("send", errno));
         }
         sent = written = static_cast<size_t>(n);
       }
@@ -241,10 +259,21 @@ class TcpConnection : public Connection {
     }
   }
 
+  void fail(std::string why) {
+    if (broken_.empty()) broken_ = std::move(why);
+  }
+
   char* next_recv_buf() {
     auto& buf = recv_bufs_[(held_head_ + held_) % slots_];
     if (!buf) buf.reset(new char[slot_bytes_]);
     return buf.get();
+  }
+
+  // A request of which no byte has arrived may be replaced by a different
+  // one (a probe for a header on a connection that then carries something
+  // else); once bytes have arrived the next request must be for the rest.
+  void forget_unstarted() {
+    if (done_ == 0) target_ = Target::None;
   }
 
   void start_recv(Target target, char* dst, size_t bytes) {
@@ -256,16 +285,16 @@ class TcpConnection : public Connection {
 
   // Reads the requested message; never blocks.
   void pull() {
-    while (target_ != Target::None && done_ < expected_) {
+    while (broken_.empty() && target_ != Target::None && done_ < expected_) {
       ssize_t n = ::recv(socket_.fd(), dst_ + done_, expected_ - done_, MSG_DONTWAIT);
       if (n > 0) {
         done_ += static_cast<size_t>(n);
         continue;
       }
-      if (n == 0) throw PeerError("connection to peer closed");
+      if (n == 0) return fail("connection to peer closed");
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      throw_socket_error("recv", errno);
+      return fail(socket_error("recv", errno));
     }
   }
 
@@ -275,18 +304,20 @@ class TcpConnection : public Connection {
 
   std::vector<std::unique_ptr<char[]>> send_bufs_;  // allocated on first use
   std::vector<int> free_bufs_;
-  int reserved_ = -1;  // handed out by send_slot, not yet posted
+  int reserved_ = -1;        // handed out by send_slot, not yet posted
   std::vector<Send> queue_;  // ring of slots_ entries
   int head_ = 0;
   int queued_ = 0;
 
   std::vector<std::unique_ptr<char[]>> recv_bufs_;  // ring; allocated on first use
-  int held_head_ = 0;  // oldest message handed out by recv_slot
+  int held_head_ = 0;                               // oldest message handed out by recv_slot
   int held_ = 0;
   Target target_ = Target::None;  // the message being received
   char* dst_ = nullptr;
   size_t expected_ = 0;
   size_t done_ = 0;
+
+  std::string broken_;  // why the socket failed; empty while it works
 };
 
 }  // namespace

@@ -140,7 +140,12 @@ class Run {
       }
       // Plain receive into its destination: straight into place.
       if (rc && !sc && !local && div == 0) {
-        wait_until([&] { return rc->recv_into(dst, bytes); }, "receive from", s.recv_peer);
+        wait_until(
+            [&] {
+              return op_.streaming ? rc->recv_into_streaming(dst, bytes)
+                                   : rc->recv_into(dst, bytes);
+            },
+            "receive from", s.recv_peer);
         continue;
       }
       void* slot = nullptr;

@@ -40,6 +40,9 @@ class Connection {
   // Moves the next message (`bytes` long) into `dst`. Returns false until all
   // of it has arrived; call again with the same arguments.
   virtual bool recv_into(void* dst, size_t bytes) = 0;
+  // recv_into for a destination that will not be read again soon (a large
+  // output): a transport that copies may bypass the cache.
+  virtual bool recv_into_streaming(void* dst, size_t bytes) { return recv_into(dst, bytes); }
 
   // Moves bytes (sockets) and checks that the peer is alive. Throws PeerError
   // when the peer is gone or broke the protocol.

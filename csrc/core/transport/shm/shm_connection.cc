@@ -108,18 +108,9 @@ class ShmConnection final : public Connection {
     consume();
   }
 
-  bool recv_into(void* dst, size_t bytes) override {
-    check_size(bytes, "recv_into");
-    if (!recv_ready()) return false;
-    const SlotHeader& header = checked_header(bytes);
-    if (header.kind == shm::kSlotReference) {
-      shm::cma_read(peer_pid_, header.address, dst, bytes);
-    } else if (bytes > 0) {
-      reduce::copy(dst, nullptr, in_.data(recv_index_), bytes, false);
-    }
-    consume();
-    return true;
-  }
+  bool recv_into(void* dst, size_t bytes) override { return receive(dst, bytes, false); }
+
+  bool recv_into_streaming(void* dst, size_t bytes) override { return receive(dst, bytes, true); }
 
   // ---- liveness ----
   void progress() override {
@@ -148,6 +139,19 @@ class ShmConnection final : public Connection {
       throw InvalidArgument(std::string("shm ") + call + ": message of " + std::to_string(bytes) +
                             " bytes exceeds the slot size " + std::to_string(slot_bytes_));
     }
+  }
+
+  bool receive(void* dst, size_t bytes, bool streaming) {
+    check_size(bytes, "recv_into");
+    if (!recv_ready()) return false;
+    const SlotHeader& header = checked_header(bytes);
+    if (header.kind == shm::kSlotReference) {
+      shm::cma_read(peer_pid_, header.address, dst, bytes);
+    } else if (bytes > 0) {
+      reduce::copy(dst, nullptr, in_.data(recv_index_), bytes, streaming);
+    }
+    consume();
+    return true;
   }
 
   // The fast path reads only our cached copy of the peer's counter; the shared

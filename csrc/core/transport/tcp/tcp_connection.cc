@@ -1,5 +1,6 @@
 // TCP transport. The wire carries the messages back to back with no framing:
-// both sides know every length from the Plan.
+// both sides know every length from the Plan. The one exception is an empty
+// message, sent as one marker byte so that the receiver still waits for it.
 //
 // Sending: a FIFO of at most `slots` messages, each either staged in one of
 // `slots` staging buffers (send_slot/post_send) or written straight from the
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -37,6 +39,11 @@ namespace {
 constexpr int kSocketBufferBytes = 4 << 20;
 // iovecs per sendmsg: every queued message fits.
 constexpr int kMaxIov = 64;
+// An empty message travels as this one byte, so that it is still awaited
+// like any other (a barrier is made of empty messages).
+constexpr char kEmptyMarker = 0;
+// How often an idle connection asks the kernel whether the peer is gone.
+constexpr std::chrono::microseconds kWatchInterval{20};
 
 std::string socket_error(const char* op, int err) {
   const bool gone = err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN;
@@ -118,8 +125,9 @@ class TcpConnection : public Connection {
     pull();
     if (done_ < expected_) return nullptr;
     target_ = Target::None;
+    const void* message = length_ == 0 ? next_recv_buf() : dst_;
     ++held_;
-    return dst_;
+    return message;
   }
 
   void release_recv() override {
@@ -159,7 +167,11 @@ class TcpConnection : public Connection {
   // only stop succeeding.
   void progress() override {
     push();
-    if (target_ == Target::Slot) pull();
+    if (target_ == Target::Slot) {
+      pull();
+    } else if (queued_ == 0) {
+      watch_peer();
+    }
     if (!broken_.empty()) throw PeerError(broken_);
   }
 
@@ -195,10 +207,9 @@ class TcpConnection : public Connection {
   }
 
   void check_same(const char* op, size_t bytes) const {
-    if (bytes != expected_) {
+    if (bytes != length_) {
       throw InvalidArgument(std::string(op) + ": expected the pending message of " +
-                            std::to_string(expected_) + " bytes, asked for " +
-                            std::to_string(bytes));
+                            std::to_string(length_) + " bytes, asked for " + std::to_string(bytes));
     }
   }
 
@@ -210,6 +221,10 @@ class TcpConnection : public Connection {
   }
 
   void enqueue(const char* data, size_t bytes, int buf) {
+    if (bytes == 0) {
+      data = &kEmptyMarker;
+      bytes = 1;
+    }
     queue_[(head_ + queued_) % slots_] = Send{data, bytes, 0, buf};
     ++queued_;
   }
@@ -221,42 +236,55 @@ class TcpConnection : public Connection {
       iovec iov[kMaxIov];
       int n_iov = 0;
       size_t wanted = 0;
-      for (int i = 0; i < queued_ && n_iov < kMaxIov; ++i) {
+      for (int i = 0; i < queued_ && n_iov < kMaxIov; ++i, ++n_iov) {
         const Send& s = queue_[(head_ + i) % slots_];
-        if (s.done == s.bytes) continue;
         iov[n_iov].iov_base = const_cast<char*>(s.data + s.done);
         iov[n_iov].iov_len = s.bytes - s.done;
         wanted += iov[n_iov].iov_len;
-        ++n_iov;
       }
-      size_t sent = 0;
-      size_t written = 0;
-      if (n_iov > 0) {
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = static_cast<size_t>(n_iov);
-        ssize_t n = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-          return fail(socket_error("send", errno));
-        }
-        sent = written = static_cast<size_t>(n);
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n_iov);
+      ssize_t n = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        return fail(socket_error("send", errno));
       }
-      // Retire finished messages (zero-length ones finish at once).
-      while (queued_ > 0) {
+      // Retire what was written, oldest first.
+      for (size_t left = static_cast<size_t>(n); left > 0;) {
         Send& s = queue_[head_];
-        size_t take = std::min(sent, s.bytes - s.done);
+        size_t take = std::min(left, s.bytes - s.done);
         s.done += take;
-        sent -= take;
+        left -= take;
         if (s.done < s.bytes) break;
         if (s.buf >= 0) free_bufs_.push_back(s.buf);
         head_ = (head_ + 1) % slots_;
         --queued_;
       }
       // A short write means the socket buffer is full: stop before EAGAIN.
-      if (n_iov == 0 || written < wanted) return;
+      if (static_cast<size_t>(n) < wanted) return;
     }
+  }
+
+  // Without a pending read or write a dead peer would go unnoticed here. As
+  // for shared memory, a peer that went away is an error when it left data of
+  // ours unread (its kernel answered with a reset) or when we wait for a
+  // message it can no longer send; a peer that finished cleanly is not, while
+  // we wait on other connections of the same operation.
+  void watch_peer() {
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_watch_ < kWatchInterval) return;
+    last_watch_ = now;
+    char byte;
+    ssize_t n = ::recv(socket_.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return;
+    if (n == 0) {
+      if (target_ != Target::None) fail("connection to peer closed");
+      return;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+    fail(socket_error("recv", errno));
   }
 
   void fail(std::string why) {
@@ -278,8 +306,9 @@ class TcpConnection : public Connection {
 
   void start_recv(Target target, char* dst, size_t bytes) {
     target_ = target;
-    dst_ = dst;
-    expected_ = bytes;
+    length_ = bytes;
+    dst_ = bytes == 0 ? &marker_ : dst;
+    expected_ = bytes == 0 ? 1 : bytes;
     done_ = 0;
   }
 
@@ -314,10 +343,13 @@ class TcpConnection : public Connection {
   int held_ = 0;
   Target target_ = Target::None;  // the message being received
   char* dst_ = nullptr;
-  size_t expected_ = 0;
+  size_t length_ = 0;    // of the message
+  size_t expected_ = 0;  // on the wire: length_, or the marker byte
+  char marker_ = 0;
   size_t done_ = 0;
 
   std::string broken_;  // why the socket failed; empty while it works
+  std::chrono::steady_clock::time_point last_watch_{};
 };
 
 }  // namespace

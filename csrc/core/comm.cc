@@ -18,10 +18,6 @@ constexpr int kControlSocket = 0;
 constexpr int kChannels = 2;  // 0: collectives, 1: point-to-point
 constexpr int kSocketsPerPeer = 1 + kChannels;
 
-// Outputs at least this large are written with non-temporal stores: they
-// will not be read again while still in cache.
-constexpr size_t kStreamingBytes = 8u << 20;
-
 char transport_code(TransportChoice choice) {
   switch (choice) {
     case TransportChoice::Tcp: return 't';
@@ -141,7 +137,7 @@ const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {
 
 OpContext Communicator::op_context(const char* name, uint64_t seq, DataType dtype, ReduceOp op,
                                    size_t out_bytes) const {
-  return OpContext{name, seq, rank_, size_, timeout_s_, dtype, op, out_bytes >= kStreamingBytes};
+  return OpContext{name, seq, rank_, size_, timeout_s_, dtype, op, out_bytes >= config().streaming_bytes};
 }
 
 void Communicator::check_usable() const {

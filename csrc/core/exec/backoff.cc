@@ -12,6 +12,16 @@
 #endif
 
 namespace weft {
+namespace {
+
+using std::chrono::microseconds;
+// Spin while the peer is likely mid-slice on its own core; yield while it is
+// likely running but preempted; then nap.
+constexpr auto kSpinFor = microseconds(50);
+constexpr auto kYieldFor = microseconds(1000);
+constexpr auto kNapLongAfter = microseconds(20000);
+
+}  // namespace
 
 void Backoff::pause() {
 #if defined(__x86_64__)
@@ -19,14 +29,18 @@ void Backoff::pause() {
 #endif
 }
 
-void Backoff::nap(unsigned rounds) {
-  if (rounds < 64) {
+void Backoff::wait_a_little(Clock::duration waited) {
+  if (waited < kSpinFor) {
+    pause();
+    return;
+  }
+  if (waited < kYieldFor) {
+    phase_ = Phase::Yield;
     sched_yield();
     return;
   }
-  // Short naps: long enough to give a core away, short enough that a
-  // 5-rank job on 2 cores still moves small messages quickly.
-  timespec ts{0, rounds < 1024 ? 20000 : 200000};
+  phase_ = Phase::Nap;
+  timespec ts{0, waited < kNapLongAfter ? 50000 : 1000000};
   nanosleep(&ts, nullptr);
 }
 

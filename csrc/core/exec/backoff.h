@@ -1,48 +1,58 @@
-// How the executor waits: spin briefly (a peer on another core answers in
-// well under a microsecond), then yield, then sleep in short naps so that
-// oversubscribed ranks leave the cores to the ranks that have work. Throws
-// TimeoutError once nothing has progressed for the timeout.
+// How the executor waits: spin first (a peer on another core answers in well
+// under a microsecond), then yield, then sleep in short naps so that
+// oversubscribed ranks leave the cores to the ranks that have work. The
+// phases are measured in time, not iterations, because the cost of a pause
+// instruction varies tenfold between CPUs. Throws TimeoutError once nothing
+// has progressed for the timeout.
 #pragma once
 
+#include <chrono>
 #include <string>
-
-#include "core/common/deadline.h"
 
 namespace weft {
 
 class Backoff {
  public:
-  explicit Backoff(double timeout_s) : timeout_s_(timeout_s) {}
+  using Clock = std::chrono::steady_clock;
+
+  explicit Backoff(double timeout_s)
+      : timeout_(std::chrono::duration_cast<Clock::duration>(
+            std::chrono::duration<double>(timeout_s))),
+        timeout_s_(timeout_s) {}
 
   // Something moved: the next wait starts a fresh spin and a fresh timeout.
-  void reset() { idle_rounds_ = 0; }
+  void reset() { rounds_ = 0; }
 
-  // One idle round while waiting for `what`. Throws TimeoutError built by
-  // `describe()` when the timeout has passed without a reset().
+  // One idle round. Throws TimeoutError with `describe()` (what we wait for)
+  // once the timeout has passed since the last reset().
   template <typename Describe>
   void idle(Describe describe) {
-    if (idle_rounds_ == 0) deadline_ = Deadline(timeout_s_);
-    ++idle_rounds_;
-    if (idle_rounds_ < kSpinRounds) {
+    if (rounds_++ == 0) {
+      start_ = Clock::now();
+      phase_ = Phase::Spin;
+    }
+    if (phase_ == Phase::Spin && (rounds_ % kRoundsPerClockRead) != 0) {
       pause();
       return;
     }
-    if (deadline_.expired()) throw_timeout(describe());
-    nap(idle_rounds_ - kSpinRounds);
+    Clock::duration waited = Clock::now() - start_;
+    if (waited >= timeout_) throw_timeout(describe());
+    wait_a_little(waited);
   }
 
-  double timeout_s() const { return timeout_s_; }
-
  private:
-  static constexpr unsigned kSpinRounds = 2048;
+  enum class Phase { Spin, Yield, Nap };
+  static constexpr unsigned kRoundsPerClockRead = 32;
 
   static void pause();
-  static void nap(unsigned rounds);
+  void wait_a_little(Clock::duration waited);
   [[noreturn]] void throw_timeout(const std::string& what) const;
 
-  double timeout_s_;
-  unsigned idle_rounds_ = 0;
-  Deadline deadline_{0};
+  const Clock::duration timeout_;
+  const double timeout_s_;
+  unsigned rounds_ = 0;
+  Phase phase_ = Phase::Spin;
+  Clock::time_point start_;
 };
 
 }  // namespace weft

@@ -16,6 +16,12 @@ the systems interleaved (run 1 of every system, then run 2, ...; the order rotat
 so that background load drifting during the run hits all systems alike. The reported time per
 call is the median over the repeats. Bandwidth as in nccl-tests, GB = 1e9 bytes:
 algbw = S / t, busbw = algbw * 2(n-1)/n.
+
+Placement (--pin): by default every system runs as its users run it: weft and gloo ranks are
+not pinned, OpenMPI binds each rank to a core (its default at -np 2; `--pin all` pins every
+system's rank r to core r). Noise is recorded, not removed: the JSON and the table note how
+busy the CPUs were before the run and, per launch, the share of time some task waited for a
+CPU (Linux PSI); the per-repeat times and their spread are in the JSON.
 """
 
 from __future__ import annotations
@@ -115,6 +121,10 @@ def weft_collective(rank: int, size: int, store) -> Collective:
     import weft
 
     comm = weft.Communicator(store, rank, size, name="bench")
+    wanted = os.environ["WEFT_TRANSPORT"]  # set by launch_weft_*
+    used = {comm.transport_to(peer) for peer in range(size) if peer != rank}
+    if used != {wanted}:
+        raise RuntimeError(f"WEFT_TRANSPORT={wanted}, but weft uses {sorted(used)}")
     return Collective(lambda buf: comm.allreduce(buf, op="sum"), comm.barrier)
 
 
@@ -233,9 +243,10 @@ def rank_main(setup, rank, size, port, env, plan, pin, results) -> None:
         store = dist.TCPStore("127.0.0.1", port, size, is_server, timeout)
         timings = time_sizes(setup(rank, size, store), rank, size, plan)
         results.put((rank, True, timings))
-        leave_together(store, rank, size)
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, traceback.format_exc()))
+        return
+    leave_together(store, rank, size)
 
 
 def leave_together(store, rank: int, size: int, timeout_s: float = 30) -> None:
@@ -343,11 +354,30 @@ def weft_location() -> str | None:
         weft = import_weft()
     except ImportError:
         return None
-    return getattr(weft, "__version__", None) or weft.__file__
+    return f"{version_of('weft') or getattr(weft, '__version__', '?')} at {weft.__file__}"
 
 
 def load_average() -> float:
     return float(read_text("/proc/loadavg").split()[0])
+
+
+def cpu_busy(seconds: float = 2.0) -> float:
+    """Fraction of all CPUs busy during `seconds` (before the run: how idle the machine is)."""
+
+    def sample() -> tuple[int, int]:
+        ticks = [int(x) for x in read_text("/proc/stat").split("\n")[0].split()[1:]]
+        return sum(ticks), ticks[3] + ticks[4]  # total, idle + iowait
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    return round(1 - (idle1 - idle0) / max(1, total1 - total0), 3)
+
+
+def cpu_stall_s() -> float:
+    """Seconds during which some task waited for a CPU since boot (Linux PSI), 0 if absent."""
+    m = re.search(r"^some .*total=(\d+)", read_text("/proc/pressure/cpu"), re.MULTILINE)
+    return int(m.group(1)) / 1e6 if m else 0.0
 
 
 def machine_info() -> dict:
@@ -357,7 +387,7 @@ def machine_info() -> dict:
     flags = set(cpu.get("flags", "").split())
     mem_kib = re.search(r"^MemTotal:\s*(\d+) kB", meminfo, re.MULTILINE)
     mpirun = command_output("mpirun", "--version").splitlines()
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime.now(datetime.timezone.utc)
     git = ("git", "-C", str(REPO))
     return {
         "date": now.isoformat(timespec="seconds"),
@@ -421,6 +451,22 @@ def fmt(x: float | None) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
+def fmt_ratio(x: float) -> str:
+    return f"{x:.2f}" if 0.1 <= x < 10 else fmt(x)
+
+
+def noise_note(report: dict) -> str:
+    waits = [
+        f"{label(name)} {min(w):.0%}–{max(w):.0%}"
+        for name, s in report["systems"].items()
+        if (w := s.get("cpu_wait_fraction"))
+    ]
+    note = f"noise: the CPUs were {report['cpu_busy_before_start']:.0%} busy just before"
+    if waits:
+        note += f"; share of time some task waited for a CPU (Linux PSI): {', '.join(waits)}"
+    return note + f"; whole run {report['duration_s']:.0f} s"
+
+
 def markdown_table(report: dict) -> str:
     systems, info = report["systems"], report["machine"]
     rows = {name: by_size(s.get("results", ())) for name, s in systems.items()}
@@ -445,14 +491,14 @@ def markdown_table(report: dict) -> str:
             cells.append(fmt(row and row["busbw_GBps"]))
         for a, b in ratios:
             ratio = at[a] and at[b] and at[a]["busbw_GBps"] / at[b]["busbw_GBps"]
-            cells.append((f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}") if ratio else "–")
+            cells.append(fmt_ratio(ratio) if ratio else "–")
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"{label(n)}: {s['status']}: {s.get('reason')}" for n, s in systems.items()]
     notes = [note for note, s in zip(notes, systems.values()) if s["status"] != "ok"]
     if any(not r["check_ok"] for by_size in rows.values() for r in by_size.values()):
         notes.append("✗: the result check (allreduce of rank + 1) failed at this size")
-    if notes:
-        lines += [""] + [f"- {note}" for note in notes]
+    notes.append(noise_note(report))
+    lines += [""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 
 
@@ -471,7 +517,8 @@ def plot(report: dict, path: Path) -> None:
             line_label = f"{label(name)} ({system['transport']})"
             ax.plot(sizes, busbw, marker="o", markersize=3, label=line_label)
     sizes = [entry["bytes"] for entry in report["plan"]]
-    ticks = sizes[:: max(1, (len(sizes) + 11) // 12)]  # at most 12 labels
+    step = max(1, (len(sizes) + 11) // 12)  # about 12 labels, always the first and last
+    ticks = sorted({sizes[0], *sizes[::-step]})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(ticks, [human(s) for s in ticks], rotation=45)
@@ -541,6 +588,7 @@ def describe_method(args: argparse.Namespace) -> dict:
         "median over repeats; the repeats of the systems interleaved, order rotating",
         "bandwidth": "GB = 1e9 B; algbw = bytes / time; busbw = algbw * 2(n-1)/n",
         "pin": args.pin,
+        "inherited_weft_env": {k: v for k, v in os.environ.items() if k.startswith("WEFT_")},
         "mpirun": " ".join(mpirun_command(args)),
     }
 
@@ -564,7 +612,7 @@ def run_all(args: argparse.Namespace, plan: list[dict], report: dict) -> None:
         shift = repeat % max(1, len(names))
         for name in names[shift:] + names[:shift]:
             entry = report["systems"][name]
-            t0 = time.monotonic()
+            t0, stall0 = time.monotonic(), cpu_stall_s()
             try:
                 runs[name].append(SYSTEMS[name].launch(plan, args))
             except Exception as e:  # noqa: BLE001 - recorded; the other systems go on
@@ -572,11 +620,12 @@ def run_all(args: argparse.Namespace, plan: list[dict], report: dict) -> None:
                 entry.update(status="failed", reason=reason)
                 print(f"[bench] {name}: FAILED: {reason}", file=sys.stderr)
                 continue
-            load = load_average()
-            entry.setdefault("load_average_after_repeats", []).append(load)
             took = time.monotonic() - t0
+            waited = round((cpu_stall_s() - stall0) / took, 3)
+            entry.setdefault("cpu_wait_fraction", []).append(waited)
             print(
-                f"[bench] {name}: repeat {repeat + 1}/{args.repeats}: {took:.1f} s, load {load}",
+                f"[bench] {name}: repeat {repeat + 1}/{args.repeats}: {took:.1f} s, "
+                f"tasks waited for a CPU {waited:.0%} of it",
                 file=sys.stderr,
             )
 
@@ -595,6 +644,7 @@ def main(argv=None) -> None:
         "method": describe_method(args),
         "plan": plan,
         "load_average_start": load_average(),
+        "cpu_busy_before_start": cpu_busy(),
         "systems": {},
     }
     run_all(args, plan, report)

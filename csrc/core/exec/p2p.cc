@@ -114,6 +114,9 @@ std::string P2pEngine::oldest_pending() const {
 
 bool P2pEngine::pending() const {
   if (!recvs_.empty()) return true;
+  for (const auto& arrival : arrivals_) {
+    if (arrival.active) return true;
+  }
   for (const auto& queue : sends_) {
     if (!queue.empty()) return true;
   }

@@ -92,7 +92,14 @@ void Communicator::connect(Store& store, const std::string& name) {
     for (const auto& c : conns) out.push_back(c.get());
     return out;
   };
-  executor_ = std::make_unique<Executor>(raw(collective_conns_));
+  // Control sockets carry nothing after setup and are never shut down on
+  // purpose, so one that closed means the peer's process is gone.
+  executor_ = std::make_unique<Executor>(raw(collective_conns_), [this] {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && mesh_->socket(p, kControlSocket).peer_closed()) return p;
+    }
+    return -1;
+  });
   p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s_,
                                      [this](const std::string& error) { fail(error); });
 }
@@ -160,9 +167,6 @@ void Communicator::fail(const std::string& reason) {
     for (auto& conn : *conns) {
       if (conn) conn->shutdown();
     }
-  }
-  for (int p = 0; p < size_; ++p) {
-    if (p != rank_) mesh_->socket(p, kControlSocket).shutdown();
   }
 }
 

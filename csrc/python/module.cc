@@ -164,8 +164,9 @@ class PyCommunicator {
                     bool async_) {
     ReduceOp rop = parse_reduce_op(op);
     std::vector<BufferView> views;
-    const bool at_root = root == rank();
-    views.emplace_back(buf, "buf", out.is_none() && at_root);
+    // Writable on every rank, not only at the root: all ranks must refuse
+    // the same calls, or the ones that went ahead would wait for the others.
+    views.emplace_back(buf, "buf", out.is_none());
     if (!out.is_none()) {
       views.emplace_back(out, "out", true);
       check_same_dtype(views[0], views[1], "reduce");

@@ -9,8 +9,17 @@ from weft._C import (  # noqa: F401
     Communicator,
     Error,
     Handle,
+    InvalidArgument,
     PeerError,
     TimeoutError,
 )
 
-__all__ = ["Communicator", "Handle", "Error", "PeerError", "TimeoutError", "AbortedError"]
+__all__ = [
+    "Communicator",
+    "Handle",
+    "Error",
+    "InvalidArgument",
+    "PeerError",
+    "TimeoutError",
+    "AbortedError",
+]

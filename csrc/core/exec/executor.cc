@@ -1,7 +1,9 @@
 #include "core/exec/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "core/common/error.h"
 #include "core/common/log.h"
@@ -14,9 +16,10 @@ namespace {
 // The state of one Plan run: buffers, the peers it touches, waiting.
 class Run {
  public:
-  Run(const std::vector<Connection*>& connections, const Plan& plan, const OpBuffers& buffers,
-      const OpContext& op)
+  Run(const std::vector<Connection*>& connections, const std::function<int()>& departed_peer,
+      const Plan& plan, const OpBuffers& buffers, const OpContext& op)
       : conns_(connections),
+        departed_peer_(departed_peer),
         plan_(plan),
         buffers_(buffers),
         op_(op),
@@ -78,13 +81,35 @@ class Run {
     for (int peer : active_) {
       try {
         conns_[peer]->progress();
+      } catch (const PeerClosedError& e) {
+        throw_lost_with_cause(peer, e.what());
       } catch (const PeerError& e) {
-        std::ostringstream msg;
-        msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
-            << ": lost rank " << peer << ": " << e.what();
-        throw PeerError(msg.str());
+        throw_lost(peer, e.what());
       }
     }
+  }
+
+  [[noreturn]] void throw_lost(int peer, const std::string& why) const {
+    std::ostringstream msg;
+    msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
+        << ": lost rank " << peer << ": " << why;
+    throw PeerError(msg.str());
+  }
+
+  // A peer that closed in an orderly way has usually aborted because some
+  // other rank failed. Give that failure a moment to show on our own
+  // connections, so that the error names the rank that really went away.
+  [[noreturn]] void throw_lost_with_cause(int closed_peer, const std::string& why) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (std::chrono::steady_clock::now() < until) {
+      int gone = departed_peer_();
+      if (gone >= 0 && gone != closed_peer) {
+        throw_lost(gone, "its process is gone (rank " + std::to_string(closed_peer) +
+                             " closed its connection too)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    throw_lost(closed_peer, why);
   }
 
   // Calls `attempt` until it returns true, polling and backing off between.
@@ -234,6 +259,7 @@ class Run {
   }
 
   const std::vector<Connection*>& conns_;
+  const std::function<int()>& departed_peer_;
   const Plan& plan_;
   const OpBuffers& buffers_;
   const OpContext& op_;
@@ -245,10 +271,11 @@ class Run {
 
 }  // namespace
 
-Executor::Executor(std::vector<Connection*> connections) : connections_(std::move(connections)) {}
+Executor::Executor(std::vector<Connection*> connections, std::function<int()> departed_peer)
+    : connections_(std::move(connections)), departed_peer_(std::move(departed_peer)) {}
 
 void Executor::run(const Plan& plan, const OpBuffers& buffers, const OpContext& op) {
-  Run(connections_, plan, buffers, op).execute();
+  Run(connections_, departed_peer_, plan, buffers, op).execute();
 }
 
 }  // namespace weft

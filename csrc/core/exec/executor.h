@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/algo/plan.h"
@@ -33,13 +34,16 @@ struct OpContext {
 class Executor {
  public:
   // connections[p] is the connection to rank p (null for this rank).
-  explicit Executor(std::vector<Connection*> connections);
+  // departed_peer() names a rank whose process is gone, or returns -1: used
+  // to blame the right rank when a peer closes because another one died.
+  Executor(std::vector<Connection*> connections, std::function<int()> departed_peer);
 
   // Throws PeerError/TimeoutError with the operation's context.
   void run(const Plan& plan, const OpBuffers& buffers, const OpContext& op);
 
  private:
   std::vector<Connection*> connections_;
+  std::function<int()> departed_peer_;
 };
 
 }  // namespace weft

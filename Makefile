@@ -20,8 +20,8 @@ install-peers:
 
 lint:
 	clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h' '*.cu')
-	$(PYTHON) -m ruff check .
-	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m ruff check python tests bench tools
+	$(PYTHON) -m ruff format --check python tests bench tools
 
 test: install lint
 	$(PYTHON) -m pytest -q -ra

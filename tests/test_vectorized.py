@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import pytest
-
 import weft._C
 
 pytestmark = pytest.mark.skipif(

@@ -59,7 +59,8 @@ void Communicator::connect(Store& store, const std::string& name) {
     if (p == rank_) continue;
     Socket& control = mesh_->socket(p, kControlSocket);
     char theirs = 0;
-    control.recv_all(&theirs, 1, Deadline(timeout_s_), "transport choice of rank " + std::to_string(p));
+    control.recv_all(&theirs, 1, Deadline(timeout_s_),
+                     "transport choice of rank " + std::to_string(p));
     if (theirs != mine) {
       throw InvalidArgument("ranks " + std::to_string(rank_) + " and " + std::to_string(p) +
                             " were started with different WEFT_TRANSPORT settings; set the same "
@@ -68,8 +69,8 @@ void Communicator::connect(Store& store, const std::string& name) {
     const bool same_host = mesh_->peer(p).host_id == cfg.host_id;
     if (cfg.transport == TransportChoice::Shm && !same_host) {
       throw InvalidArgument("WEFT_TRANSPORT=shm, but rank " + std::to_string(p) +
-                            " is on another host (host id '" + mesh_->peer(p).host_id +
-                            "' vs '" + cfg.host_id + "'); use tcp or auto");
+                            " is on another host (host id '" + mesh_->peer(p).host_id + "' vs '" +
+                            cfg.host_id + "'); use tcp or auto");
     }
     const bool use_shm = cfg.transport == TransportChoice::Shm ||
                          (cfg.transport == TransportChoice::Auto && same_host);
@@ -77,8 +78,8 @@ void Communicator::connect(Store& store, const std::string& name) {
       std::unique_ptr<Connection> conn;
       if (use_shm) {
         ShmOptions opts{cfg.shm_slot_bytes, cfg.shm_slots, cfg.shm_cma, cfg.cma_min_bytes};
-        conn = make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts,
-                                   timeout_s_);
+        conn =
+            make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s_);
       } else {
         TcpOptions opts{cfg.tcp_slot_bytes, cfg.tcp_slots};
         conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);
@@ -144,15 +145,17 @@ const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {
 
 OpContext Communicator::op_context(const char* name, uint64_t seq, DataType dtype, ReduceOp op,
                                    size_t out_bytes) const {
-  return OpContext{name, seq, rank_, size_, timeout_s_, dtype, op, out_bytes >= config().streaming_bytes};
+  return OpContext{name,       seq,   rank_, size_,
+                   timeout_s_, dtype, op,    out_bytes >= config().streaming_bytes};
 }
 
 void Communicator::check_usable() const {
   if (!aborted_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(abort_mu_);
-  throw AbortedError("this communicator was aborted by an earlier error and cannot be used "
-                     "again; create a new one. The error was: " +
-                     abort_reason_);
+  throw AbortedError(
+      "this communicator was aborted by an earlier error and cannot be used "
+      "again; create a new one. The error was: " +
+      abort_reason_);
 }
 
 void Communicator::fail(const std::string& reason) {
@@ -248,8 +251,8 @@ std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType 
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
 
-std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count,
-                                           DataType dtype, ReduceOp op, int root, bool async) {
+std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType dtype,
+                                           ReduceOp op, int root, bool async) {
   check_root(root, "reduce");
   PlanKey key{Coll::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
   return submit("reduce", in, out, dtype, op, count * element_size(dtype), async,
@@ -258,8 +261,8 @@ std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t cou
 
 std::shared_ptr<Work> Communicator::barrier(bool async) {
   PlanKey key{Coll::Barrier, 0, 1, 0, true, false};
-  return submit("barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0,
-                async, [this, key]() -> const Plan& { return cached_plan(key, DataType::UInt8); });
+  return submit("barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0, async,
+                [this, key]() -> const Plan& { return cached_plan(key, DataType::UInt8); });
 }
 
 std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
@@ -283,16 +286,16 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
                 [plan]() -> const Plan& { return *plan; });
 }
 
-std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count,
-                                           DataType dtype, int root, bool async) {
+std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType dtype,
+                                           int root, bool async) {
   check_root(root, "gather");
   auto plan = std::make_shared<Plan>(algo::direct_gather(plan_context(dtype), count, root));
-  return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * count * element_size(dtype),
-                async, [plan]() -> const Plan& { return *plan; });
+  return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * count * element_size(dtype), async,
+                [plan]() -> const Plan& { return *plan; });
 }
 
-std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count,
-                                            DataType dtype, int root, bool async) {
+std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType dtype,
+                                            int root, bool async) {
   check_root(root, "scatter");
   auto plan = std::make_shared<Plan>(algo::direct_scatter(plan_context(dtype), count, root));
   return submit("scatter", in, out, dtype, ReduceOp::Sum, count * element_size(dtype), async,

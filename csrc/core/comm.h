@@ -54,8 +54,8 @@ class Communicator {
   std::shared_ptr<Work> allgather(const void* in, void* out, size_t count, DataType dtype,
                                   bool async);
   std::shared_ptr<Work> broadcast(void* buf, size_t count, DataType dtype, int root, bool async);
-  std::shared_ptr<Work> reduce(const void* in, void* out, size_t count, DataType dtype,
-                               ReduceOp op, int root, bool async);
+  std::shared_ptr<Work> reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                               int root, bool async);
   std::shared_ptr<Work> barrier(bool async);
   // Counts in elements, one per rank.
   std::shared_ptr<Work> alltoall(const void* in, void* out, std::vector<size_t> send_counts,

@@ -22,9 +22,12 @@ bool format_to_dtype(const char* format, size_t itemsize, DataType* out) {
     case 'i':
     case 'l':
     case 'q':
-      if (itemsize == 4) *out = DataType::Int32;
-      else if (itemsize == 8) *out = DataType::Int64;
-      else return false;
+      if (itemsize == 4)
+        *out = DataType::Int32;
+      else if (itemsize == 8)
+        *out = DataType::Int64;
+      else
+        return false;
       return true;
     default: return false;
   }
@@ -58,7 +61,8 @@ BufferView::BufferView(const py::handle& obj, const char* what, bool writable)
   } else if (py::hasattr(obj, "data_ptr")) {
     from_tensor(what);
   } else {
-    throw InvalidArgument(std::string(what) + " must be a numpy array, a CPU torch tensor or "
+    throw InvalidArgument(std::string(what) +
+                          " must be a numpy array, a CPU torch tensor or "
                           "another object with the buffer protocol, not " +
                           std::string(py::str(py::type::of(obj).attr("__name__"))));
   }
@@ -67,7 +71,8 @@ BufferView::BufferView(const py::handle& obj, const char* what, bool writable)
 void BufferView::from_buffer_protocol(const char* what, bool writable) {
   if (PyObject_GetBuffer(object_.ptr(), &view_, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
     PyErr_Clear();
-    throw InvalidArgument(std::string(what) + " is not C-contiguous; pass a contiguous copy "
+    throw InvalidArgument(std::string(what) +
+                          " is not C-contiguous; pass a contiguous copy "
                           "(numpy.ascontiguousarray)");
   }
   has_view_ = true;

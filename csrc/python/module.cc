@@ -146,18 +146,16 @@ class PyCommunicator {
     check_count(views[1], count * size(), "out", "allgather");
     const BufferView& in = views[0];
     const BufferView& dst = views[1];
-    return run(std::move(views), dst.object(), async_, [&] {
-      return comm_->allgather(in.data(), dst.data(), count, in.dtype(), async_);
-    });
+    return run(std::move(views), dst.object(), async_,
+               [&] { return comm_->allgather(in.data(), dst.data(), count, in.dtype(), async_); });
   }
 
   py::object broadcast(const py::object& buf, int root, bool async_) {
     std::vector<BufferView> views;
     views.emplace_back(buf, "buf", true);
     const BufferView& b = views[0];
-    return run(std::move(views), b.object(), async_, [&] {
-      return comm_->broadcast(b.data(), b.count(), b.dtype(), root, async_);
-    });
+    return run(std::move(views), b.object(), async_,
+               [&] { return comm_->broadcast(b.data(), b.count(), b.dtype(), root, async_); });
   }
 
   py::object reduce(const py::object& buf, int root, const std::string& op, const py::object& out,
@@ -212,9 +210,8 @@ class PyCommunicator {
     const BufferView& in = views[0];
     void* dst = at_root ? views[1].data() : nullptr;
     py::object result = at_root ? views[1].object() : py::none();
-    return run(std::move(views), result, async_, [&] {
-      return comm_->gather(in.data(), dst, count, in.dtype(), root, async_);
-    });
+    return run(std::move(views), result, async_,
+               [&] { return comm_->gather(in.data(), dst, count, in.dtype(), root, async_); });
   }
 
   py::object scatter(const py::object& out, int root, const py::object& buf, bool async_) {
@@ -230,9 +227,8 @@ class PyCommunicator {
       src = views[1].data();
     }
     const BufferView& dst = views[0];
-    return run(std::move(views), dst.object(), async_, [&] {
-      return comm_->scatter(src, dst.data(), count, dst.dtype(), root, async_);
-    });
+    return run(std::move(views), dst.object(), async_,
+               [&] { return comm_->scatter(src, dst.data(), count, dst.dtype(), root, async_); });
   }
 
   py::object send(const py::object& buf, int peer, uint32_t tag, bool async_) {
@@ -247,9 +243,10 @@ class PyCommunicator {
     std::vector<BufferView> views;
     views.emplace_back(buf, "buf", true);
     const BufferView& b = views[0];
-    return run(std::move(views), py::none(), async_,
-               [&] { return comm_->recv(b.data(), b.bytes(), peer.value_or(-1), tag, async_); },
-               /*returns_source=*/true);
+    return run(
+        std::move(views), py::none(), async_,
+        [&] { return comm_->recv(b.data(), b.bytes(), peer.value_or(-1), tag, async_); },
+        /*returns_source=*/true);
   }
 
   void abort(const std::string& reason) { comm_->abort(reason); }
@@ -285,8 +282,8 @@ class PyCommunicator {
       work = start();
     }
     if (async_) {
-      return py::cast(std::make_unique<Handle>(work, std::move(result), returns_source,
-                                               std::move(views)));
+      return py::cast(
+          std::make_unique<Handle>(work, std::move(result), returns_source, std::move(views)));
     }
     return returns_source ? py::int_(work->source()) : result;
   }
@@ -311,11 +308,14 @@ PYBIND11_MODULE(_C, m) {
 
   static PyObject* error = new_exception(m, "Error", PyExc_RuntimeError, "Any weft error.");
   static PyObject* invalid =
-      new_exception(m, "InvalidArgument", py::make_tuple(py::handle(error), py::handle(PyExc_ValueError)).release().ptr(),
+      new_exception(m, "InvalidArgument",
+                    py::make_tuple(py::handle(error), py::handle(PyExc_ValueError)).release().ptr(),
                     "A call was given something wrong; nothing was sent.");
-  static PyObject* peer = new_exception(m, "PeerError", error, "A peer died, closed or misbehaved.");
+  static PyObject* peer =
+      new_exception(m, "PeerError", error, "A peer died, closed or misbehaved.");
   static PyObject* timeout = new_exception(
-      m, "TimeoutError", py::make_tuple(py::handle(error), py::handle(PyExc_TimeoutError)).release().ptr(),
+      m, "TimeoutError",
+      py::make_tuple(py::handle(error), py::handle(PyExc_TimeoutError)).release().ptr(),
       "Nothing progressed within the communicator's timeout.");
   static PyObject* aborted =
       new_exception(m, "AbortedError", error, "The communicator was aborted by an earlier error.");
@@ -340,8 +340,7 @@ PYBIND11_MODULE(_C, m) {
            "Waits for the operation (at most `timeout` seconds) and returns its result.")
       .def("test", &Handle::test, "True once the operation has finished.");
 
-  py::class_<PyCommunicator>(m, "Communicator",
-                             "A group of ranks that run collectives together.")
+  py::class_<PyCommunicator>(m, "Communicator", "A group of ranks that run collectives together.")
       .def(py::init<py::object, int, int, const std::string&, const py::object&>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::kw_only(),
            py::arg("name") = "default", py::arg("timeout") = py::none())
@@ -352,8 +351,8 @@ PYBIND11_MODULE(_C, m) {
            "The transport used to reach `peer`: 'shm', 'tcp' or 'self'.")
       .def("allreduce", &PyCommunicator::allreduce, py::arg("buf"), py::arg("op") = "sum",
            py::arg("out") = py::none(), py::arg("async_") = false)
-      .def("reduce_scatter", &PyCommunicator::reduce_scatter, py::arg("buf"),
-           py::arg("op") = "sum", py::arg("out") = py::none(), py::arg("async_") = false)
+      .def("reduce_scatter", &PyCommunicator::reduce_scatter, py::arg("buf"), py::arg("op") = "sum",
+           py::arg("out") = py::none(), py::arg("async_") = false)
       .def("allgather", &PyCommunicator::allgather, py::arg("buf"), py::arg("out") = py::none(),
            py::arg("async_") = false)
       .def("broadcast", &PyCommunicator::broadcast, py::arg("buf"), py::arg("root") = 0,

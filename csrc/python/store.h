@@ -18,8 +18,8 @@ class PyStore : public Store {
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     pybind11::gil_scoped_acquire gil;
-    store_.attr("set")(key, pybind11::bytes(reinterpret_cast<const char*>(value.data()),
-                                            value.size()));
+    store_.attr("set")(key,
+                       pybind11::bytes(reinterpret_cast<const char*>(value.data()), value.size()));
   }
 
   std::vector<uint8_t> get(const std::string& key) override {

@@ -18,7 +18,7 @@ struct PeerAddress {
   std::string ip;       // address the peer listens on
   uint16_t port = 0;
   int32_t pid = 0;
-  int32_t size = 0;     // world size the peer was created with
+  int32_t size = 0;  // world size the peer was created with
 };
 
 class Mesh {

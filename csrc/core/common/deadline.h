@@ -10,8 +10,8 @@ class Deadline {
   using Clock = std::chrono::steady_clock;
 
   explicit Deadline(double seconds)
-      : end_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(seconds))) {}
+      : end_(Clock::now() +
+             std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds))) {}
 
   bool expired() const { return Clock::now() >= end_; }
 

@@ -16,11 +16,11 @@ void log_line(int rank, const std::string& message);
 
 // WEFT_LOG(Info, rank, "chose " << algo) — the stream expression is only
 // evaluated when the level is enabled.
-#define WEFT_LOG(level, rank, expr)                          \
-  do {                                                       \
-    if (::weft::log_enabled(::weft::LogLevel::level)) {      \
-      std::ostringstream weft_log_stream_;                   \
-      weft_log_stream_ << expr;                              \
-      ::weft::log_line((rank), weft_log_stream_.str());      \
-    }                                                        \
+#define WEFT_LOG(level, rank, expr)                     \
+  do {                                                  \
+    if (::weft::log_enabled(::weft::LogLevel::level)) { \
+      std::ostringstream weft_log_stream_;              \
+      weft_log_stream_ << expr;                         \
+      ::weft::log_line((rank), weft_log_stream_.str()); \
+    }                                                   \
   } while (0)

@@ -7,17 +7,13 @@ namespace weft {
 size_t element_size(DataType dtype) {
   switch (dtype) {
     case DataType::Float32:
-    case DataType::Int32:
-      return 4;
+    case DataType::Int32: return 4;
     case DataType::Float64:
-    case DataType::Int64:
-      return 8;
+    case DataType::Int64: return 8;
     case DataType::Float16:
-    case DataType::BFloat16:
-      return 2;
+    case DataType::BFloat16: return 2;
     case DataType::Int8:
-    case DataType::UInt8:
-      return 1;
+    case DataType::UInt8: return 1;
   }
   throw InvalidArgument("unknown DataType");
 }

@@ -16,8 +16,8 @@ class Backoff {
   using Clock = std::chrono::steady_clock;
 
   explicit Backoff(double timeout_s)
-      : timeout_(std::chrono::duration_cast<Clock::duration>(
-            std::chrono::duration<double>(timeout_s))),
+      : timeout_(
+            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
         timeout_s_(timeout_s) {}
 
   // Something moved: the next wait starts a fresh spin and a fresh timeout.

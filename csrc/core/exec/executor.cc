@@ -253,8 +253,7 @@ class Run {
     for (size_t b = 1; b < blocks; ++b) {
       const void* acc = b == 1 ? static_cast<const void*>(base) : dst;
       int div = b + 1 == blocks ? divisor(s) : 0;
-      reduce::reduce(dst, nullptr, acc, base + b * stride, s.count, op_.dtype, op_.op, div,
-                     false);
+      reduce::reduce(dst, nullptr, acc, base + b * stride, s.count, op_.dtype, op_.op, div, false);
     }
   }
 

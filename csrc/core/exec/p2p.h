@@ -100,7 +100,7 @@ class P2pEngine {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::deque<SendRequest>> sends_;  // per peer, in order
+  std::vector<std::deque<SendRequest>> sends_;     // per peer, in order
   std::list<std::shared_ptr<RecvRequest>> recvs_;  // posted, oldest first
   std::vector<Arrival> arrivals_;
   std::vector<std::deque<Stashed>> stash_;  // per peer, arrival order

@@ -10,8 +10,8 @@ namespace weft {
 struct ShmOptions {
   size_t slot_bytes;
   int slots;
-  bool cma;               // allow process_vm_readv sends by reference
-  size_t cma_min_bytes;   // smallest message sent by reference
+  bool cma;              // allow process_vm_readv sends by reference
+  size_t cma_min_bytes;  // smallest message sent by reference
 };
 
 // A Connection through shared-memory FIFOs, one per direction. The two ranks

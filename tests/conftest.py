@@ -28,6 +28,22 @@ def pools():
         registry.close_all()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.weft_failed = report.failed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pools_after_failure(request):
+    """A failed test may leave its ranks out of step: start the next test on fresh pools."""
+    yield
+    if getattr(request.node, "weft_failed", False) and "pools" in request.fixturenames:
+        request.getfixturevalue("pools").close_all()
+
+
 def _pool_key(item) -> tuple:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if "size" in params and "transport" in params:

@@ -24,7 +24,7 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).resolve().parent
 
 # Seconds a rank waits inside weft before giving up; the parent waits longer than that.
-COMM_TIMEOUT_S = 60.0
+COMM_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 180.0
 RUN_TIMEOUT_S = 300.0
 
@@ -123,6 +123,10 @@ def _worker_main(rank, size, port, env, conn, note_buf):
             conn.send(("error", traceback.format_exc()))
 
 
+def _shorten(text: str, limit: int = 4000) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more chars)"
+
+
 def _free_port() -> int:
     import socket
 
@@ -205,6 +209,8 @@ class Pool:
         for rank in range(self.size):
             if rank in errors:
                 report.append(f"--- rank {rank} failed:\n{errors[rank].rstrip()}")
+            elif rank in results:
+                report.append(f"--- rank {rank} returned: {_shorten(repr(results[rank]))}")
             elif rank in pending:
                 note = self._notes[rank].value.decode(errors="replace")
                 report.append(

@@ -1,10 +1,12 @@
 """One plain OS process per rank, for tests that kill ranks, read a rank's stderr or need a
 fresh environment (weft reads its WEFT_* variables once per process).
 
-Parent side: ``Ranks(fn, size, *args, env=...)`` starts ``python weft_proc.py ...`` per rank;
-each child builds a TCPStore with weft.local.make_store and calls ``fn(rank, size, store,
-*args)``, a module-level function of a test file. ``fn`` may call ``mark(text)`` to tell the
-parent it got somewhere; its JSON-able return value comes back through ``Ranks.result``.
+Parent side: ``Ranks(fn, size, *args, env=...)`` hosts a TCPStore and starts ``python
+weft_proc.py ...`` per rank; each child connects to the store and calls ``fn(rank, size, store,
+*args)``, a module-level function of a test file. (The parent hosts the store so that a rank
+that finishes, fails or is killed early does not take the store away from the others.)
+``fn`` may call ``mark(text)`` to tell the parent it got somewhere; its JSON-able return value
+comes back through ``Ranks.result``.
 Every wait is bounded and ``Ranks.close`` kills whatever is still running.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -55,30 +58,39 @@ def outcome(thunk) -> dict:
     return info
 
 
+def _connect_store(port: int):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+
+
+def _host_store():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False
+    )
+
+
 def _child_main(path, name, rank, size, port, args_json):
     sys.path.insert(0, str(TESTS_DIR))
     spec = importlib.util.spec_from_file_location(f"weft_scenario_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     try:
-        import weft.local
-
-        store = weft.local.make_store(int(rank), int(size), int(port))
-        reply = {"ok": True, "value": getattr(module, name)(int(rank), int(size), store, *json.loads(args_json))}
+        store = _connect_store(int(port))
+        value = getattr(module, name)(int(rank), int(size), store, *json.loads(args_json))
+        reply = {"ok": True, "value": value}
     except BaseException:  # noqa: BLE001 - reported to the parent
         reply = {"ok": False, "error": traceback.format_exc()}
     print(RESULT + json.dumps(reply), flush=True)
 
 
 # ---- parent side ----------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Child:
@@ -115,7 +127,9 @@ class _Child:
 
     def wait_for(self, predicate, timeout):
         with self.changed:
-            return self.changed.wait_for(lambda: predicate() or self.proc.poll() is not None, timeout)
+            return self.changed.wait_for(
+                lambda: predicate() or self.proc.poll() is not None, timeout
+            )
 
     def join_readers(self, timeout=5):
         for t in self._threads:
@@ -130,11 +144,16 @@ class Ranks:
 
         self.size = size
         self.token = uuid.uuid4().hex
-        port = _free_port()
+        self._store = _host_store()
+        port = self._store.port
         path = str(Path(sys.modules[fn.__module__].__file__).resolve())
         self.children = []
         for rank in range(size):
-            extra = {TOKEN_VAR: self.token, **(env or {}), **(env_per_rank(rank) if env_per_rank else {})}
+            extra = {
+                TOKEN_VAR: self.token,
+                **(env or {}),
+                **(env_per_rank(rank) if env_per_rank else {}),
+            }
             argv = [sys.executable, __file__, path, fn.__name__, str(rank), str(size), str(port)]
             self.children.append(_Child([*argv, json.dumps(list(args))], clean_environ(extra)))
         self.pids = [c.proc.pid for c in self.children]
@@ -155,20 +174,34 @@ class Ranks:
 
     def result(self, rank: int, timeout: float):
         """The value ``fn`` returned on ``rank``; fails if it raised, died or took too long."""
+        problem, value = self._outcome(rank, timeout)
+        if problem:
+            raise AssertionError(problem)
+        return value
+
+    def results(self, timeout: float) -> list:
+        """Every rank's value; fails naming every rank that raised, died or took too long."""
+        deadline = time.monotonic() + timeout
+        outcomes = []
+        for rank in range(self.size):
+            outcomes.append(self._outcome(rank, max(0.0, deadline - time.monotonic())))
+        problems = [problem for problem, _ in outcomes if problem]
+        if problems:
+            raise AssertionError("\n".join(problems))
+        return [value for _, value in outcomes]
+
+    def _outcome(self, rank: int, timeout: float) -> tuple[str | None, object]:
         child = self.children[rank]
         child.wait_for(lambda: child.result is not None, timeout)
         if child.result is None:
             child.wait_for(lambda: child.result is not None, 2)  # output racing the exit
         if child.result is None:
-            state = "exited" if child.proc.poll() is not None else f"no result in {timeout:.0f} s"
-            raise AssertionError(f"rank {rank}: {state}{self._tail(rank)}")
+            code = child.proc.poll()
+            state = f"no result in {timeout:.0f} s" if code is None else f"exited with code {code}"
+            return f"rank {rank}: {state}{self._tail(rank)}", None
         if not child.result["ok"]:
-            raise AssertionError(f"rank {rank} failed:\n{child.result['error']}{self._tail(rank)}")
-        return child.result["value"]
-
-    def results(self, timeout: float) -> list:
-        deadline = time.monotonic() + timeout
-        return [self.result(r, max(0.0, deadline - time.monotonic())) for r in range(self.size)]
+            return f"rank {rank} failed:\n{child.result['error']}{self._tail(rank)}", None
+        return None, child.result["value"]
 
     def wait_exit(self, rank: int, timeout: float) -> int | None:
         """The exit code of ``rank`` (None if it is still running after ``timeout``)."""
@@ -185,6 +218,7 @@ class Ranks:
         self.children[rank].proc.kill()
 
     def close(self) -> None:
+        self._store = None
         for child in self.children:
             if child.proc.poll() is None:
                 child.proc.kill()
@@ -200,8 +234,9 @@ class Ranks:
         return f"\n--- stdout:\n{out}--- stderr:\n{err}" if (err or out) else ""
 
 
-def processes_with_token(token: str) -> list[int]:
-    """Pids of live processes whose environment carries ``token`` (children included)."""
+def processes_with_token(token: str, kill: bool = True) -> list[int]:
+    """Pids of live processes whose environment carries ``token`` (children included);
+    kills them too unless told not to, so that a failing test leaves nothing behind."""
     found = []
     needle = f"{TOKEN_VAR}={token}".encode()
     for entry in Path("/proc").iterdir():
@@ -214,6 +249,11 @@ def processes_with_token(token: str) -> list[int]:
             continue
         if needle in environ.split(b"\0") and "State:\tZ" not in status:
             found.append(int(entry.name))
+    for pid in found if kill else ():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     return found
 
 

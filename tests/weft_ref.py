@@ -1,8 +1,9 @@
 """Deterministic per-rank inputs, numpy references and result checks for the weft tests.
 
-Inputs are a counter-based hash of (salt, rank, element index), so any rank can build any
-other rank's input, or just a slice of it, without communication. Values are chosen so that
-every reference is exact:
+Inputs are windows into a pseudo-random table of PERIOD (a prime) values, shifted per rank:
+element i of rank r's input is table[(shift(r) + i) % PERIOD]. Any rank can build any other
+rank's input, or a slice of it, cheaply and without communication, and references need only
+be computed over one period. Values are chosen so that every reference is exact:
 
 - integers: the full range of the type for sum/prod/min/max (numpy's wrapping arithmetic is
   the reference), small values for avg (truncating division of the sum);
@@ -25,6 +26,7 @@ DTYPES = tuple(f"np.{d}" for d in NUMPY_DTYPES) + ("torch.bfloat16", "torch.floa
 OPS = ("sum", "prod", "min", "max", "avg")
 COUNTS = (0, 1, 7, 1000, 2**20 + 3)
 
+PERIOD = 65521  # a prime: no chunk, slot or world size divides it
 _M64 = (1 << 64) - 1
 _TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
 
@@ -54,10 +56,10 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _hash(salt: str, rank: int, start: int, stop: int) -> np.ndarray:
-    seed = (zlib.crc32(salt.encode()) * 0x9E3779B97F4A7C15 + rank * 0xD1B54A32D192ED03) & _M64
-    idx = np.arange(start, stop, dtype=np.uint64)
-    return _mix(idx * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed))
+def _hash(salt: str, n: int) -> np.ndarray:
+    seed = (zlib.crc32(salt.encode()) * 0x9E3779B97F4A7C15) & _M64
+    idx = np.arange(n, dtype=np.uint64)
+    return _mix(idx * np.uint64(0xD1B54A32D192ED03) + np.uint64(seed))
 
 
 def _small(h: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -73,39 +75,65 @@ def input_kind(op: str | None, dtype: str) -> str:
     return {"sum": "small", "avg": "small", "min": "minmax", "max": "minmax", "prod": "prod"}[op]
 
 
-def values(dtype: str, kind: str, rank: int, start: int, stop: int, salt: str = "") -> np.ndarray:
-    """Elements [start, stop) of ``rank``'s input, as a numpy array of ``ref_dtype(dtype)``."""
+@functools.lru_cache(maxsize=128)
+def _table(dtype: str, kind: str, salt: str) -> np.ndarray:
+    """PERIOD pseudo-random values of one family, as ``ref_dtype(dtype)``."""
     rdt = ref_dtype(dtype)
-    h = _hash(f"{salt}/{dtype}/{kind}", rank, start, stop)
+    h = _hash(f"{salt}/{dtype}/{kind}", PERIOD)
     if rdt.kind in "iu":
         if kind == "small":
             lo, hi = (0, 6) if rdt.kind == "u" else (-3, 3)
-            return _small(h, lo, hi).astype(rdt)
-        if kind in ("full", "bits"):
-            return h.view(np.int64).astype(rdt)  # the whole range, wrapping
-        raise ValueError(kind)
-    if kind == "small":
-        return _small(h, -3, 3).astype(rdt)
-    if kind == "minmax":
-        return _small(h, -100, 100).astype(rdt)
-    if kind == "prod":
-        return np.array([-2, -1, -0.5, 0.5, 1, 2], dtype=rdt)[(h % np.uint64(6)).astype(np.intp)]
-    if kind == "bits":
-        v = (h >> np.uint64(11)).astype(np.float64) / 2.0**53 * 2000.0 - 1000.0
-        v = v.astype(rdt)
+            table = _small(h, lo, hi).astype(rdt)
+        elif kind in ("full", "bits"):
+            table = h.view(np.int64).astype(rdt)  # the whole range, wrapping
+        else:
+            raise ValueError(kind)
+    elif kind == "small":
+        table = _small(h, -3, 3).astype(rdt)
+    elif kind == "minmax":
+        table = _small(h, -100, 100).astype(rdt)
+    elif kind == "prod":
+        table = np.array([-2, -1, -0.5, 0.5, 1, 2], dtype=rdt)[(h % np.uint64(6)).astype(np.intp)]
+    elif kind == "bits":
+        table = ((h >> np.uint64(11)).astype(np.float64) / 2.0**53 * 2000.0 - 1000.0).astype(rdt)
         if split(dtype)[1] == "bfloat16":  # round to a bfloat16-representable float32
-            v = (v.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
-        return v
-    raise ValueError(kind)
+            table = (table.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    else:
+        raise ValueError(kind)
+    table.setflags(write=False)
+    return table
 
 
-@functools.lru_cache(maxsize=4)
+def _window(table: np.ndarray, offset: int, n: int) -> np.ndarray:
+    """``table[(offset + i) % PERIOD] for i in range(n)``, built by copying, not indexing."""
+    return np.resize(np.roll(table, -(offset % PERIOD)), n)
+
+
+def _shift(rank: int) -> int:
+    return (rank * 7919 + 101) % PERIOD
+
+
+def values(dtype: str, kind: str, rank: int, start: int, stop: int, salt: str = "") -> np.ndarray:
+    """Elements [start, stop) of ``rank``'s input, as a numpy array of ``ref_dtype(dtype)``."""
+    return _window(_table(dtype, kind, salt), _shift(rank) + start, stop - start)
+
+
 def stacked(dtype: str, kind: str, size: int, start: int, stop: int, salt: str = ""):
-    """Every rank's slice [start, stop), shape (size, stop - start); read-only and cached."""
-    rows = [values(dtype, kind, r, start, stop, salt) for r in range(size)]
-    result = np.stack(rows)
-    result.setflags(write=False)
-    return result
+    """Every rank's slice [start, stop), shape (size, stop - start)."""
+    return np.stack([values(dtype, kind, r, start, stop, salt) for r in range(size)])
+
+
+@functools.lru_cache(maxsize=128)
+def _reduced_table(dtype: str, kind: str, size: int, op: str, salt: str) -> np.ndarray:
+    return reduce_ref(stacked(dtype, kind, size, 0, PERIOD, salt), op)
+
+
+def reduced(dtype: str, kind: str, size: int, op: str, start: int, stop: int, salt: str = ""):
+    """Elements [start, stop) of the reduction over all ranks' inputs (see reduce_ref).
+
+    Input element i of rank r is table[(shift(r) + i) % PERIOD], so the reduction is
+    periodic too: it is computed on one period and repeated."""
+    return _window(_reduced_table(dtype, kind, size, op, salt), start, stop - start)
 
 
 def reduce_ref(stack: np.ndarray, op: str) -> np.ndarray:
@@ -219,6 +247,16 @@ def compare(got, expected: np.ndarray, dtype: str, op: str | None) -> str | None
     return f"{bad.size} of {got.size} elements differ: {shown}"
 
 
+def is_invalid_argument(exc: BaseException) -> bool:
+    """Is ``exc`` a weft.InvalidArgument? (By name too, in case weft does not export it.)"""
+    import weft
+
+    cls = getattr(weft, "InvalidArgument", None)
+    if cls is not None:
+        return isinstance(exc, cls)
+    return any(c.__name__ == "InvalidArgument" for c in type(exc).__mro__)
+
+
 class CaseFailed(Exception):
     """Raised in a worker when a case raised something that may have broken the communicator."""
 
@@ -249,10 +287,8 @@ class Checker:
     def __exit__(self, exc_type, exc, tb):
         if exc is None:
             return False
-        import weft
-
         self.fail(f"raised {exc_type.__name__}: {exc}")
-        if isinstance(exc, getattr(weft, "InvalidArgument", ())):
+        if is_invalid_argument(exc):
             return True
         raise CaseFailed("\n".join(self.lines)) from exc
 

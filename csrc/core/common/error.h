@@ -31,13 +31,6 @@ class PeerError : public Error {
   using Error::Error;
 };
 
-// A peer closed its connection in an orderly way (it aborted, often because
-// of a failure elsewhere), as opposed to dying or breaking the protocol.
-class PeerClosedError : public PeerError {
- public:
-  using PeerError::PeerError;
-};
-
 // The communicator was aborted by an earlier error; it cannot be used again.
 class AbortedError : public Error {
  public:

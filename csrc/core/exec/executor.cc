@@ -81,10 +81,8 @@ class Run {
     for (int peer : active_) {
       try {
         conns_[peer]->progress();
-      } catch (const PeerClosedError& e) {
-        throw_lost_with_cause(peer, e.what());
       } catch (const PeerError& e) {
-        throw_lost(peer, e.what());
+        throw_lost_with_cause(peer, e.what());
       }
     }
   }
@@ -96,14 +94,15 @@ class Run {
     throw PeerError(msg.str());
   }
 
-  // A peer that closed in an orderly way has usually aborted because some
-  // other rank failed. Give that failure a moment to show on our own
-  // connections, so that the error names the rank that really went away.
+  // A peer that closed its connection has often aborted because some other
+  // rank died. Control sockets close only when a process is gone, so look
+  // there (briefly) for the rank that really went away and name it.
   [[noreturn]] void throw_lost_with_cause(int closed_peer, const std::string& why) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
     while (std::chrono::steady_clock::now() < until) {
       int gone = departed_peer_();
-      if (gone >= 0 && gone != closed_peer) {
+      if (gone == closed_peer) throw_lost(gone, why);
+      if (gone >= 0) {
         throw_lost(gone, "its process is gone (rank " + std::to_string(closed_peer) +
                              " closed its connection too)");
       }

@@ -116,12 +116,12 @@ class ShmConnection final : public Connection {
   void progress() override {
     if (in_.control().sender_closed.load(std::memory_order_relaxed) != 0 ||
         out_.control().receiver_closed.load(std::memory_order_relaxed) != 0) {
-      fail_if_stuck<PeerClosedError>("peer closed the shared-memory connection");
+      fail_if_stuck("peer closed the shared-memory connection");
     }
     uint64_t now = ticks();
     if (now - last_socket_check_ < kSocketCheckTicks) return;
     last_socket_check_ = now;
-    if (control_.peer_closed()) fail_if_stuck<PeerError>("peer process is gone");
+    if (control_.peer_closed()) fail_if_stuck("peer process is gone");
   }
 
   void shutdown() override {
@@ -205,7 +205,6 @@ class ShmConnection final : public Connection {
   // left nothing more, or it left messages of ours unread. Messages it posted
   // before it went are still delivered, and a peer that finished cleanly is
   // no error while we wait on other connections of the same operation.
-  template <typename Failure>
   void fail_if_stuck(const char* why) {
     bool unread = out_.control().tail.load(kAcquire) != send_pos_;
     bool starved = recv_waiting_ && in_.control().head.load(kAcquire) == recv_pos_;

@@ -55,6 +55,7 @@ void Communicator::connect(Store& store, const std::string& name) {
       mesh_->socket(p, kControlSocket).send_all(&mine, 1, Deadline(timeout_s_), "transport choice");
     }
   }
+  agree_on_sizes();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Socket& control = mesh_->socket(p, kControlSocket);
@@ -105,17 +106,38 @@ void Communicator::connect(Store& store, const std::string& name) {
                                      [this](const std::string& error) { fail(error); });
 }
 
+void Communicator::agree_on_sizes() {
+  const Config& cfg = config();
+  bool any_shm = false, any_tcp = false;
+  for (int a = 0; a < size_; ++a) {
+    for (int b = a + 1; b < size_; ++b) {
+      const bool same_host = mesh_->peer(a).host_id == mesh_->peer(b).host_id;
+      const bool shm = cfg.transport == TransportChoice::Shm ||
+                       (cfg.transport == TransportChoice::Auto && same_host);
+      (shm ? any_shm : any_tcp) = true;
+    }
+  }
+  slice_bytes_ = SIZE_MAX;
+  size_t capacity = SIZE_MAX;
+  if (any_shm) {
+    slice_bytes_ = std::min(slice_bytes_, cfg.shm_slot_bytes);
+    capacity = std::min(capacity, cfg.shm_slot_bytes * cfg.shm_slots);
+  }
+  if (any_tcp) {
+    slice_bytes_ = std::min(slice_bytes_, cfg.tcp_slot_bytes);
+    capacity = std::min(capacity, cfg.tcp_slot_bytes * cfg.tcp_slots);
+  }
+  if (!any_shm && !any_tcp) slice_bytes_ = capacity = cfg.shm_slot_bytes;  // world of one
+  step_limit_bytes_ = capacity / 2;
+}
+
 std::string Communicator::transport_to(int peer) const {
   if (peer == rank_) return "self";
   return collective_conns_.at(peer)->transport_name();
 }
 
 PlanContext Communicator::plan_context(DataType dtype) const {
-  size_t capacity = SIZE_MAX;
-  for (const auto& conn : collective_conns_) {
-    if (conn) capacity = std::min(capacity, conn->capacity_bytes());
-  }
-  return PlanContext{rank_, size_, element_size(dtype), capacity / 2};
+  return PlanContext{rank_, size_, element_size(dtype), step_limit_bytes_};
 }
 
 Plan Communicator::make_plan(const PlanKey& key, DataType dtype) const {
@@ -145,8 +167,8 @@ const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {
 
 OpContext Communicator::op_context(const char* name, uint64_t seq, DataType dtype, ReduceOp op,
                                    size_t out_bytes) const {
-  return OpContext{name,       seq,   rank_, size_,
-                   timeout_s_, dtype, op,    out_bytes >= config().streaming_bytes};
+  const bool streaming = out_bytes >= config().streaming_bytes;
+  return OpContext{name, seq, rank_, size_, timeout_s_, dtype, op, streaming, slice_bytes_};
 }
 
 void Communicator::check_usable() const {

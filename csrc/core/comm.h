@@ -81,6 +81,7 @@ class Communicator {
   using PlanKey = std::tuple<Coll, size_t, size_t, int, bool, bool>;
 
   void connect(Store& store, const std::string& name);
+  void agree_on_sizes();
   PlanContext plan_context(DataType dtype) const;
   const Plan& cached_plan(const PlanKey& key, DataType dtype);
   Plan make_plan(const PlanKey& key, DataType dtype) const;
@@ -101,6 +102,10 @@ class Communicator {
   const int rank_;
   const int size_;
   const double timeout_s_;
+  // Message and step sizes every rank derives alike from the transports in
+  // use anywhere in the world, so that all ranks build matching Plans.
+  size_t slice_bytes_ = 0;
+  size_t step_limit_bytes_ = 0;
   std::unique_ptr<Mesh> mesh_;
   std::vector<std::unique_ptr<Connection>> collective_conns_;
   std::vector<std::unique_ptr<Connection>> p2p_conns_;

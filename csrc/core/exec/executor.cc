@@ -147,9 +147,9 @@ class Run {
     if (s.count == 0) return;
     Connection* rc = s.recv_peer >= 0 ? conns_[s.recv_peer] : nullptr;
     Connection* sc = s.send_peer >= 0 ? conns_[s.send_peer] : nullptr;
-    size_t slice = s.count;
-    if (rc) slice = std::min(slice, rc->slot_bytes() / elem_);
-    if (sc) slice = std::min(slice, sc->slot_bytes() / elem_);
+    // Sender and receiver must cut the stream identically: one slice size
+    // for the whole world, whatever connections this rank's step uses.
+    const size_t slice = std::max<size_t>(1, op_.slice_bytes / elem_);
     const int div = divisor(s);
     for (size_t off = 0; off < s.count; off += slice) {
       const size_t len = std::min(slice, s.count - off);
@@ -204,7 +204,7 @@ class Run {
     if (!conn) return c;
     c.ptr = span ? address(*span) : nullptr;
     c.bytes = span ? span->count * elem_ : 0;
-    c.slice = std::max<size_t>(elem_, conn->slot_bytes() / elem_ * elem_);
+    c.slice = std::max<size_t>(elem_, op_.slice_bytes / elem_ * elem_);
     c.pending = true;
     return c;
   }

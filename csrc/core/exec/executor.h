@@ -29,6 +29,8 @@ struct OpContext {
   DataType dtype;
   ReduceOp op;
   bool streaming;  // write user outputs with non-temporal stores
+  // Largest message: the same on every rank, at most any connection's slot.
+  size_t slice_bytes;
 };
 
 class Executor {

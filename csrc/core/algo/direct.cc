@@ -44,13 +44,8 @@ Plan pairwise_alltoall(const PlanContext& ctx, const std::vector<size_t>& send_c
   const auto recv_at = prefix_offsets(recv_counts);
   Plan plan;
   plan.algorithm = "pairwise";
-  if (send_counts[r] > 0) {
-    Step own;
-    own.count = send_counts[r];
-    own.local = Span{Buf::Input, send_at[r], send_counts[r]};
-    own.dst = Span{Buf::Output, recv_at[r], recv_counts[r]};
-    plan.steps.push_back(own);
-  }
+  add_copy(plan.steps, Span{Buf::Input, send_at[r], send_counts[r]},
+           Span{Buf::Output, recv_at[r], recv_counts[r]});
   for (int k = 1; k < n; ++k) {
     int to = (r + k) % n, from = (r - k + n) % n;
     plan.steps.push_back(exchange(to, Span{Buf::Input, send_at[to], send_counts[to]}, from,
@@ -67,13 +62,7 @@ Plan direct_gather(const PlanContext& ctx, size_t count, int root) {
     plan.steps.push_back(exchange(root, Span{Buf::Input, 0, count}, -1, std::nullopt));
     return plan;
   }
-  if (count > 0) {
-    Step own;
-    own.count = count;
-    own.local = Span{Buf::Input, 0, count};
-    own.dst = Span{Buf::Output, r * count, count};
-    plan.steps.push_back(own);
-  }
+  add_copy(plan.steps, Span{Buf::Input, 0, count}, Span{Buf::Output, r * count, count});
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
     plan.steps.push_back(exchange(-1, std::nullopt, p, Span{Buf::Output, p * count, count}));
@@ -93,13 +82,7 @@ Plan direct_scatter(const PlanContext& ctx, size_t count, int root) {
     if (p == r) continue;
     plan.steps.push_back(exchange(p, Span{Buf::Input, p * count, count}, -1, std::nullopt));
   }
-  if (count > 0) {
-    Step own;
-    own.count = count;
-    own.local = Span{Buf::Input, r * count, count};
-    own.dst = Span{Buf::Output, 0, count};
-    plan.steps.push_back(own);
-  }
+  add_copy(plan.steps, Span{Buf::Input, r * count, count}, Span{Buf::Output, 0, count});
   return plan;
 }
 

@@ -35,11 +35,7 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
   // Contributions land in Scratch (ours too, so that in-place Output can be
   // overwritten freely), then one ordered reduction fills Output.
   plan.scratch_count = n * count;
-  Step own;
-  own.count = count;
-  own.local = Span{Buf::Input, 0, count};
-  own.dst = Span{Buf::Scratch, r * count, count};
-  plan.steps.push_back(own);
+  add_copy(plan.steps, Span{Buf::Input, 0, count}, Span{Buf::Scratch, r * count, count});
   for (int k = 1; k < n; ++k) {
     int from = (r - k + n) % n;
     Step s;

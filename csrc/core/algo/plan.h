@@ -68,6 +68,17 @@ struct PlanContext {
   size_t max_step_bytes;
 };
 
+// A step that copies `from` to `to` locally (same count), or nothing for an
+// empty span.
+inline void add_copy(std::vector<Step>& steps, const Span& from, const Span& to) {
+  if (from.count == 0) return;
+  Step s;
+  s.count = from.count;
+  s.local = from;
+  s.dst = to;
+  steps.push_back(s);
+}
+
 // Splits `count` elements into `parts` nearly equal pieces; piece i starts at
 // part_offset(count, parts, i) and has part_count(count, parts, i) elements.
 inline size_t part_count(size_t count, size_t parts, size_t i) {

@@ -124,11 +124,8 @@ Plan ring_reduce_scatter(const PlanContext& ctx, size_t count, bool finalize) {
 Plan ring_allgather(const PlanContext& ctx, size_t count, bool in_place) {
   Plan plan;
   plan.algorithm = "ring";
-  if (!in_place && count > 0) {
-    Step copy = fused(count);
-    copy.local = Span{Buf::Input, 0, count};
-    copy.dst = Span{Buf::Output, ctx.rank * count, count};
-    plan.steps.push_back(copy);
+  if (!in_place) {
+    add_copy(plan.steps, Span{Buf::Input, 0, count}, Span{Buf::Output, ctx.rank * count, count});
   }
   if (ctx.size == 1) return plan;
   const size_t limit = chunk_limit(ctx);

@@ -79,6 +79,20 @@ void check_count(const BufferView& buf, size_t expected, const char* name, const
   }
 }
 
+// buf, then out when given (same dtype and count). Without out the result is
+// written into buf, which must then be writable.
+std::vector<BufferView> in_and_optional_out(const py::object& buf, const py::object& out,
+                                            const char* op) {
+  std::vector<BufferView> views;
+  views.emplace_back(buf, "buf", out.is_none());
+  if (!out.is_none()) {
+    views.emplace_back(out, "out", true);
+    check_same_dtype(views[0], views[1], op);
+    check_count(views[1], views[0].count(), "out", op);
+  }
+  return views;
+}
+
 class PyCommunicator {
  public:
   PyCommunicator(py::object store, int rank, int size, const std::string& name,
@@ -102,13 +116,7 @@ class PyCommunicator {
   py::object allreduce(const py::object& buf, const std::string& op, const py::object& out,
                        bool async_) {
     ReduceOp rop = parse_reduce_op(op);
-    std::vector<BufferView> views;
-    views.emplace_back(buf, "buf", out.is_none());
-    if (!out.is_none()) {
-      views.emplace_back(out, "out", true);
-      check_same_dtype(views[0], views[1], "allreduce");
-      check_count(views[1], views[0].count(), "out", "allreduce");
-    }
+    std::vector<BufferView> views = in_and_optional_out(buf, out, "allreduce");
     const BufferView& in = views[0];
     const BufferView& dst = views.back();
     return run(std::move(views), dst.object(), async_, [&] {
@@ -161,15 +169,10 @@ class PyCommunicator {
   py::object reduce(const py::object& buf, int root, const std::string& op, const py::object& out,
                     bool async_) {
     ReduceOp rop = parse_reduce_op(op);
-    std::vector<BufferView> views;
-    // Writable on every rank, not only at the root: all ranks must refuse
-    // the same calls, or the ones that went ahead would wait for the others.
-    views.emplace_back(buf, "buf", out.is_none());
-    if (!out.is_none()) {
-      views.emplace_back(out, "out", true);
-      check_same_dtype(views[0], views[1], "reduce");
-      check_count(views[1], views[0].count(), "out", "reduce");
-    }
+    // buf must be writable (without out) on every rank, not only at the root:
+    // all ranks must refuse the same calls, or the ones that went ahead would
+    // wait for the others.
+    std::vector<BufferView> views = in_and_optional_out(buf, out, "reduce");
     const BufferView& in = views[0];
     const BufferView& dst = views.back();
     return run(std::move(views), dst.object(), async_, [&] {

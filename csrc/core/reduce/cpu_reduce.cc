@@ -187,29 +187,14 @@ void portable_copy(void* dst, void* dst2, const void* src, size_t bytes, bool /*
   }
 }
 
-template <class T, int... K>
-void fill_row(KernelFn* row, std::integer_sequence<int, K...>) {
-  ((row[K] = &portable_kernel<T, static_cast<Kind>(K)>), ...);
-}
-
-template <class T>
-void fill(KernelTable& t, DataType dtype) {
-  fill_row<T>(t.kernels[static_cast<int>(dtype)], std::make_integer_sequence<int, kNumKinds>());
-}
+// The kernel of one element type and Kind, as make_table() wants it.
+template <class T, Kind K>
+struct PortableKernel {
+  static constexpr KernelFn fn = &portable_kernel<T, K>;
+};
 
 KernelTable make_portable_table() {
-  KernelTable t{};
-  fill<float>(t, DataType::Float32);
-  fill<double>(t, DataType::Float64);
-  fill<Half>(t, DataType::Float16);
-  fill<BFloat16>(t, DataType::BFloat16);
-  fill<int8_t>(t, DataType::Int8);
-  fill<uint8_t>(t, DataType::UInt8);
-  fill<int32_t>(t, DataType::Int32);
-  fill<int64_t>(t, DataType::Int64);
-  t.copy = &portable_copy;
-  t.name = "portable";
-  return t;
+  return make_table<PortableKernel, Half, BFloat16>(&portable_copy, "portable");
 }
 
 }  // namespace

@@ -397,30 +397,13 @@ void avx2_copy(void* dst, void* dst2, const void* src, size_t bytes, bool stream
 
 namespace {
 
-template <class T, int... K>
-void fill_row(KernelFn* row, std::integer_sequence<int, K...>) {
-  ((row[K] = &avx2_kernel<T, static_cast<Kind>(K)>), ...);
-}
+// The kernel of one element type and Kind, as make_table() wants it.
+template <class T, Kind K>
+struct Avx2Kernel {
+  static constexpr KernelFn fn = &avx2_kernel<T, K>;
+};
 
-template <class T>
-void fill(KernelTable& t, DataType dtype) {
-  fill_row<T>(t.kernels[static_cast<int>(dtype)], std::make_integer_sequence<int, kNumKinds>());
-}
-
-KernelTable make_avx2_table() {
-  KernelTable t{};
-  fill<float>(t, DataType::Float32);
-  fill<double>(t, DataType::Float64);
-  fill<Half>(t, DataType::Float16);
-  fill<BFloat16>(t, DataType::BFloat16);
-  fill<int8_t>(t, DataType::Int8);
-  fill<uint8_t>(t, DataType::UInt8);
-  fill<int32_t>(t, DataType::Int32);
-  fill<int64_t>(t, DataType::Int64);
-  t.copy = &avx2_copy;
-  t.name = "avx2";
-  return t;
-}
+KernelTable make_avx2_table() { return make_table<Avx2Kernel, Half, BFloat16>(&avx2_copy, "avx2"); }
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "core/common/types.h"
 
@@ -31,6 +32,32 @@ struct KernelTable {
   CopyFn copy;
   const char* name;
 };
+
+// Fills one row of a table with Kernel<T, K>::fn for every Kind.
+template <template <class, Kind> class Kernel, class T, int... K>
+void fill_row(KernelFn* row, std::integer_sequence<int, K...>) {
+  ((row[K] = Kernel<T, static_cast<Kind>(K)>::fn), ...);
+}
+
+// A table of Kernel<T, K>::fn for every element type and Kind. HalfT and
+// BFloat16T are the 16-bit float tags of the file that builds it.
+template <template <class, Kind> class Kernel, class HalfT, class BFloat16T>
+KernelTable make_table(CopyFn copy, const char* name) {
+  KernelTable t{};
+  auto kinds = std::make_integer_sequence<int, kNumKinds>();
+  auto row = [&t](DataType dtype) { return t.kernels[static_cast<int>(dtype)]; };
+  fill_row<Kernel, float>(row(DataType::Float32), kinds);
+  fill_row<Kernel, double>(row(DataType::Float64), kinds);
+  fill_row<Kernel, HalfT>(row(DataType::Float16), kinds);
+  fill_row<Kernel, BFloat16T>(row(DataType::BFloat16), kinds);
+  fill_row<Kernel, int8_t>(row(DataType::Int8), kinds);
+  fill_row<Kernel, uint8_t>(row(DataType::UInt8), kinds);
+  fill_row<Kernel, int32_t>(row(DataType::Int32), kinds);
+  fill_row<Kernel, int64_t>(row(DataType::Int64), kinds);
+  t.copy = copy;
+  t.name = name;
+  return t;
+}
 
 // Plain C++ kernels: any CPU, any compiler. They ignore `streaming` (ordinary
 // stores only).

@@ -30,7 +30,17 @@ RUN_TIMEOUT_S = 300.0
 
 # How each pool's ranks are configured. "tcp" gives every rank its own host identity, so weft
 # must pick TCP by itself; "tcp-forced" keeps one host and forces TCP with WEFT_TRANSPORT.
-TRANSPORTS = ("shm", "tcp", "tcp-forced")
+# The "-small" ones shrink every connection to four 4 KiB slots, so that modest counts already
+# cross many slices and chunked rounds; "hosts-of-2" puts ranks 2k and 2k+1 on one host
+# identity (shm inside, tcp across), with small slots too.
+TRANSPORTS = ("shm", "tcp", "tcp-forced", "shm-small", "tcp-small", "hosts-of-2")
+
+SMALL_SLOTS = {
+    "WEFT_SHM_SLOT_BYTES": "4096",
+    "WEFT_SHM_SLOTS": "4",
+    "WEFT_TCP_SLOT_BYTES": "4096",
+    "WEFT_TCP_SLOTS": "4",
+}
 
 
 def transport_env(transport: str, rank: int) -> dict[str, str]:
@@ -40,6 +50,12 @@ def transport_env(transport: str, rank: int) -> dict[str, str]:
         return {"WEFT_HOST_ID": f"weft-test-host-{rank}"}
     if transport == "tcp-forced":
         return {"WEFT_TRANSPORT": "tcp"}
+    if transport == "shm-small":
+        return {"WEFT_TRANSPORT": "shm", **SMALL_SLOTS}
+    if transport == "tcp-small":
+        return {"WEFT_HOST_ID": f"weft-test-host-{rank}", **SMALL_SLOTS}
+    if transport == "hosts-of-2":
+        return {"WEFT_HOST_ID": f"weft-test-host-{rank // 2}", **SMALL_SLOTS}
     raise ValueError(f"unknown transport {transport!r}")
 
 

@@ -1,6 +1,7 @@
 #include "core/comm.h"
 
 #include <algorithm>
+#include <map>
 
 #include "core/algo/algorithms.h"
 #include "core/common/config.h"
@@ -8,6 +9,7 @@
 #include "core/common/log.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/tcp/tcp_connection.h"
+#include "core/tune/probe.h"
 
 namespace weft {
 namespace {
@@ -30,8 +32,9 @@ char transport_code(TransportChoice choice) {
 }  // namespace
 
 Communicator::Communicator(Store& store, int rank, int size, const std::string& name,
-                           double timeout_s)
+                           double timeout_s, const std::string& algorithm)
     : rank_(rank), size_(size), timeout_s_(timeout_s > 0 ? timeout_s : config().timeout_s) {
+  forced_algorithm_ = parse_algorithm(algorithm.empty() ? config().algo : algorithm);
   if (size < 1) throw InvalidArgument("world size must be at least 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size) {
     throw InvalidArgument("rank " + std::to_string(rank) + " is outside the world of size " +
@@ -56,6 +59,7 @@ void Communicator::connect(Store& store, const std::string& name) {
     }
   }
   agree_on_sizes();
+  learn_topology();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Socket& control = mesh_->socket(p, kControlSocket);
@@ -104,6 +108,20 @@ void Communicator::connect(Store& store, const std::string& name) {
   });
   p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s_,
                                      [this](const std::string& error) { fail(error); });
+  cost_model_ = tuned_cost_model();
+}
+
+CostModel Communicator::tuned_cost_model() {
+  const std::string& tune = config().tune;
+  if (tune == "off") return CostModel{};
+  if (tune != "measure") return load_cost_model(tune);
+  auto run = [this](const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op) {
+    execute("tune", 0, plan, in, out, dtype, op, 0);
+  };
+  auto is_tcp = [this](int peer) { return transport_to(peer) == "tcp"; };
+  CostModel model = probe_cost_model(run, rank_, size_, is_tcp, CostModel{});
+  WEFT_LOG(Info, rank_, "cost model measured:\n" << format_cost_model(model));
+  return model;
 }
 
 void Communicator::agree_on_sizes() {
@@ -131,30 +149,69 @@ void Communicator::agree_on_sizes() {
   step_limit_bytes_ = capacity / 2;
 }
 
+void Communicator::learn_topology() {
+  std::vector<std::string> hosts;
+  std::map<std::string, int> ranks_on;
+  for (int r = 0; r < size_; ++r) {
+    const std::string& id = mesh_->peer(r).host_id;
+    auto at = std::find(hosts.begin(), hosts.end(), id);
+    host_of_rank_.push_back(static_cast<int>(at - hosts.begin()));
+    if (at == hosts.end()) hosts.push_back(id);
+    ++ranks_on[id];
+  }
+  topology_.size = size_;
+  topology_.hosts = static_cast<int>(hosts.size());
+  topology_.ranks_per_host = ranks_on.begin()->second;
+  for (const auto& entry : ranks_on) {
+    if (entry.second != topology_.ranks_per_host) topology_.ranks_per_host = 0;
+  }
+  topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
+}
+
+Choice Communicator::choice(Collective c, size_t bytes) const {
+  return choose(c, bytes, topology_, cost_model_, forced_algorithm_);
+}
+
 std::string Communicator::transport_to(int peer) const {
   if (peer == rank_) return "self";
   return collective_conns_.at(peer)->transport_name();
 }
 
 PlanContext Communicator::plan_context(DataType dtype) const {
-  return PlanContext{rank_, size_, element_size(dtype), step_limit_bytes_};
+  return PlanContext{rank_, size_, element_size(dtype), step_limit_bytes_, host_of_rank_};
 }
 
 Plan Communicator::make_plan(const PlanKey& key, DataType dtype) const {
-  const auto [coll, count, elem_size, root, in_place, finalize] = key;
-  (void)elem_size;
+  const auto [c, count, elem_size, root, in_place, finalize] = key;
   const PlanContext ctx = plan_context(dtype);
-  switch (coll) {
-    case Coll::Allreduce:
-      if (count * ctx.elem_size <= config().small_bytes) {
-        return algo::oneshot_allreduce(ctx, count, in_place, finalize);
+  if (c == Collective::Barrier) return algo::barrier(ctx);
+  const Choice choice = this->choice(c, count * elem_size);
+  WEFT_LOG(Info, rank_,
+           to_string(c) << " of " << count * elem_size << " bytes: algorithm "
+                        << to_string(choice.algorithm) << ", predicted " << choice.predicted_s * 1e6
+                        << " us");
+  switch (c) {
+    case Collective::Allreduce:
+      switch (choice.algorithm) {
+        case Algorithm::Oneshot: return algo::oneshot_allreduce(ctx, count, in_place, finalize);
+        case Algorithm::Tree: return algo::double_tree_allreduce(ctx, count, in_place, finalize);
+        case Algorithm::Rd:
+          return algo::recursive_doubling_allreduce(ctx, count, in_place, finalize);
+        case Algorithm::Rhd: return algo::rabenseifner_allreduce(ctx, count, in_place, finalize);
+        case Algorithm::Hier: return algo::hierarchical_allreduce(ctx, count, in_place, finalize);
+        default: return algo::ring_allreduce(ctx, count, in_place, finalize);
       }
-      return algo::ring_allreduce(ctx, count, in_place, finalize);
-    case Coll::ReduceScatter: return algo::ring_reduce_scatter(ctx, count, finalize);
-    case Coll::Allgather: return algo::ring_allgather(ctx, count, in_place);
-    case Coll::Broadcast: return algo::chain_broadcast(ctx, count, root);
-    case Coll::Reduce: return algo::chain_reduce(ctx, count, root, in_place, finalize);
-    case Coll::Barrier: return algo::barrier(ctx);
+    case Collective::ReduceScatter: return algo::ring_reduce_scatter(ctx, count, finalize);
+    case Collective::Allgather: return algo::ring_allgather(ctx, count, in_place);
+    case Collective::Broadcast:
+      if (choice.algorithm == Algorithm::Tree) return algo::binomial_broadcast(ctx, count, root);
+      return algo::chain_broadcast(ctx, count, root);
+    case Collective::Reduce:
+      if (choice.algorithm == Algorithm::Tree) {
+        return algo::binomial_reduce(ctx, count, root, in_place, finalize);
+      }
+      return algo::chain_reduce(ctx, count, root, in_place, finalize);
+    case Collective::Barrier: break;
   }
   throw Error("unknown collective");
 }
@@ -244,14 +301,14 @@ void Communicator::check_peer(int peer, const char* what, bool allow_any) const 
 
 std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t count,
                                               DataType dtype, ReduceOp op, bool async) {
-  PlanKey key{Coll::Allreduce, count, element_size(dtype), 0, in == out, op == ReduceOp::Avg};
+  PlanKey key{Collective::Allreduce, count, element_size(dtype), 0, in == out, op == ReduceOp::Avg};
   return submit("allreduce", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, size_t count,
                                                    DataType dtype, ReduceOp op, bool async) {
-  PlanKey key{Coll::ReduceScatter, count, element_size(dtype), 0, false, op == ReduceOp::Avg};
+  PlanKey key{Collective::ReduceScatter, count, element_size(dtype), 0, false, op == ReduceOp::Avg};
   return submit("reduce_scatter", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
@@ -260,7 +317,7 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
                                               DataType dtype, bool async) {
   const size_t elem = element_size(dtype);
   const bool in_place = in == static_cast<const char*>(out) + rank_ * count * elem;
-  PlanKey key{Coll::Allgather, count, elem, 0, in_place, false};
+  PlanKey key{Collective::Allgather, count, elem, 0, in_place, false};
   return submit("allgather", in, out, dtype, ReduceOp::Sum, size_ * count * elem, async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
@@ -268,7 +325,7 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
 std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType dtype, int root,
                                               bool async) {
   check_root(root, "broadcast");
-  PlanKey key{Coll::Broadcast, count, element_size(dtype), root, true, false};
+  PlanKey key{Collective::Broadcast, count, element_size(dtype), root, true, false};
   return submit("broadcast", buf, buf, dtype, ReduceOp::Sum, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
@@ -276,13 +333,13 @@ std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType 
 std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType dtype,
                                            ReduceOp op, int root, bool async) {
   check_root(root, "reduce");
-  PlanKey key{Coll::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
+  PlanKey key{Collective::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
   return submit("reduce", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
 
 std::shared_ptr<Work> Communicator::barrier(bool async) {
-  PlanKey key{Coll::Barrier, 0, 1, 0, true, false};
+  PlanKey key{Collective::Barrier, 0, 1, 0, true, false};
   return submit("barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0, async,
                 [this, key]() -> const Plan& { return cached_plan(key, DataType::UInt8); });
 }

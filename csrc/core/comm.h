@@ -24,14 +24,17 @@
 #include "core/exec/p2p.h"
 #include "core/exec/work.h"
 #include "core/transport/connection.h"
+#include "core/tune/cost_model.h"
 
 namespace weft {
 
 class Communicator {
  public:
   // `name` keeps several communicators on one store apart. timeout_s <= 0
-  // takes WEFT_TIMEOUT_S.
-  Communicator(Store& store, int rank, int size, const std::string& name, double timeout_s);
+  // takes WEFT_TIMEOUT_S. `algorithm` forces an algorithm family where an
+  // operation has one ("" takes WEFT_ALGO; "auto" lets the tuner choose).
+  Communicator(Store& store, int rank, int size, const std::string& name, double timeout_s,
+               const std::string& algorithm = "");
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -41,6 +44,11 @@ class Communicator {
   double timeout_s() const { return timeout_s_; }
   // "shm" or "tcp" for each peer, "self" for this rank.
   std::string transport_to(int peer) const;
+  // The algorithm an operation of `bytes` per rank runs, and its predicted
+  // time (the same on every rank).
+  Choice choice(Collective c, size_t bytes) const;
+  const Topology& topology() const { return topology_; }
+  const CostModel& cost_model() const { return cost_model_; }
 
   // Every call returns once the operation finished when async=false (and
   // throws its error), or at once with its Work when async=true. Buffers
@@ -76,12 +84,13 @@ class Communicator {
   void abort(const std::string& reason);
 
  private:
-  enum class Coll : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, Barrier };
   // What a cached Plan depends on.
-  using PlanKey = std::tuple<Coll, size_t, size_t, int, bool, bool>;
+  using PlanKey = std::tuple<Collective, size_t, size_t, int, bool, bool>;
 
   void connect(Store& store, const std::string& name);
   void agree_on_sizes();
+  void learn_topology();
+  CostModel tuned_cost_model();
   PlanContext plan_context(DataType dtype) const;
   const Plan& cached_plan(const PlanKey& key, DataType dtype);
   Plan make_plan(const PlanKey& key, DataType dtype) const;
@@ -106,6 +115,11 @@ class Communicator {
   // use anywhere in the world, so that all ranks build matching Plans.
   size_t slice_bytes_ = 0;
   size_t step_limit_bytes_ = 0;
+  // What the tuner chooses algorithms from: the same on every rank.
+  std::vector<int> host_of_rank_;
+  Topology topology_;
+  CostModel cost_model_;
+  Algorithm forced_algorithm_ = Algorithm::Auto;
   std::unique_ptr<Mesh> mesh_;
   std::vector<std::unique_ptr<Connection>> collective_conns_;
   std::vector<std::unique_ptr<Connection>> p2p_conns_;

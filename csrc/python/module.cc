@@ -11,6 +11,7 @@
 #include "core/comm.h"
 #include "core/common/error.h"
 #include "store.h"
+#include "topo.h"
 
 namespace py = pybind11;
 
@@ -96,11 +97,11 @@ std::vector<BufferView> in_and_optional_out(const py::object& buf, const py::obj
 class PyCommunicator {
  public:
   PyCommunicator(py::object store, int rank, int size, const std::string& name,
-                 const py::object& timeout)
+                 const py::object& timeout, const std::string& algo)
       : store_(std::make_unique<PyStore>(std::move(store))) {
     double t = seconds(timeout);
     py::gil_scoped_release nogil;
-    comm_ = std::make_unique<Communicator>(*store_, rank, size, name, t);
+    comm_ = std::make_unique<Communicator>(*store_, rank, size, name, t, algo);
   }
 
   ~PyCommunicator() {
@@ -112,6 +113,13 @@ class PyCommunicator {
   int size() const { return comm_->size(); }
   double timeout() const { return comm_->timeout_s(); }
   std::string transport_to(int peer) const { return comm_->transport_to(peer); }
+  CostModel cost_model() const { return comm_->cost_model(); }
+  Topology topology() const { return comm_->topology(); }
+
+  py::tuple algorithm(const std::string& collective, size_t nbytes) const {
+    const Choice c = comm_->choice(parse_collective(collective), nbytes);
+    return py::make_tuple(to_string(c.algorithm), c.predicted_s);
+  }
 
   py::object allreduce(const py::object& buf, const std::string& op, const py::object& out,
                        bool async_) {
@@ -308,6 +316,7 @@ PyObject* new_exception(py::module_& m, const char* name, PyObject* bases, const
 PYBIND11_MODULE(_C, m) {
   using namespace weft::python;
   m.doc() = "weft core: collectives over shared memory and TCP";
+  bind_topo(m);
 
   static PyObject* error = new_exception(m, "Error", PyExc_RuntimeError, "Any weft error.");
   static PyObject* invalid =
@@ -344,14 +353,21 @@ PYBIND11_MODULE(_C, m) {
       .def("test", &Handle::test, "True once the operation has finished.");
 
   py::class_<PyCommunicator>(m, "Communicator", "A group of ranks that run collectives together.")
-      .def(py::init<py::object, int, int, const std::string&, const py::object&>(),
+      .def(py::init<py::object, int, int, const std::string&, const py::object&,
+                    const std::string&>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::kw_only(),
-           py::arg("name") = "default", py::arg("timeout") = py::none())
+           py::arg("name") = "default", py::arg("timeout") = py::none(), py::arg("algo") = "")
       .def_property_readonly("rank", &PyCommunicator::rank)
       .def_property_readonly("size", &PyCommunicator::size)
       .def_property_readonly("timeout", &PyCommunicator::timeout)
       .def("transport_to", &PyCommunicator::transport_to, py::arg("peer"),
            "The transport used to reach `peer`: 'shm', 'tcp' or 'self'.")
+      .def_property_readonly("cost_model", &PyCommunicator::cost_model,
+                             "The cost model the tuner uses (measured at creation by default).")
+      .def_property_readonly("topology", &PyCommunicator::topology)
+      .def("algorithm", &PyCommunicator::algorithm, py::arg("collective"), py::arg("nbytes"),
+           "(algorithm, predicted seconds) of `collective` ('allreduce', 'broadcast', ...) on "
+           "`nbytes` per rank.")
       .def("allreduce", &PyCommunicator::allreduce, py::arg("buf"), py::arg("op") = "sum",
            py::arg("out") = py::none(), py::arg("async_") = false)
       .def("reduce_scatter", &PyCommunicator::reduce_scatter, py::arg("buf"), py::arg("op") = "sum",

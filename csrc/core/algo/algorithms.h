@@ -1,10 +1,14 @@
 // Every Plan generator, one family per file:
-//   ring.cc     ring reduce-scatter / allgather / allreduce
-//   chain.cc    pipelined chain broadcast and reduce
-//   oneshot.cc  one-shot allreduce for small messages, barrier
-//   direct.cc   pairwise all-to-all, gather, scatter, local copy
+//   ring.cc              ring reduce-scatter / allgather / allreduce
+//   chain.cc             pipelined chain broadcast and reduce
+//   tree.cc              binomial broadcast and reduce, double binary tree allreduce
+//   halving_doubling.cc  recursive doubling and Rabenseifner allreduce
+//   hierarchical.cc      allreduce inside hosts, then across them
+//   oneshot.cc           one-shot allreduce for small messages, barrier
+//   direct.cc            pairwise all-to-all, gather, scatter, local copy
 // All take the rank's PlanContext and return that rank's Plan. Counts are in
-// elements; "in_place" means Input and Output are the same memory.
+// elements; "in_place" means Input and Output are the same memory; "finalize"
+// means the op is Avg and the last reduction divides.
 #pragma once
 
 #include <vector>
@@ -21,11 +25,48 @@ Plan ring_reduce_scatter(const PlanContext& ctx, size_t count, bool finalize);
 // Input already sits at block `rank` of Output.
 Plan ring_allgather(const PlanContext& ctx, size_t count, bool in_place);
 
+// A ring over some of the ranks, for algorithms built from ring phases.
+struct Ring {
+  std::vector<int> members;  // world ranks in ring order
+  int pos = 0;               // this rank's position in members
+  static Ring world(const PlanContext& ctx);
+  int size() const { return static_cast<int>(members.size()); }
+  int wrap(int i) const { return ((i % size()) + size()) % size(); }
+  int next() const { return members[wrap(pos + 1)]; }
+  int prev() const { return members[wrap(pos - 1)]; }
+};
+// Ring phases over `ring`; block/chunk c belongs to ring position c.
+// Allreduce of Output[base, base+count), reading this rank's data from `from`
+// (Input or Output) at the same offsets.
+void ring_allreduce_steps(const PlanContext& ctx, const Ring& ring, Buf from, size_t base,
+                          size_t count, bool finalize, std::vector<Step>& steps);
+// Position c ends with the reduction of every member's in_blocks[c] in its
+// out_blocks[c].
+void ring_reduce_scatter_steps(const PlanContext& ctx, const Ring& ring,
+                               const std::vector<Span>& in_blocks,
+                               const std::vector<Span>& out_blocks, bool finalize,
+                               std::vector<Step>& steps);
+// Every member ends with every position's block; block c starts at position c.
+void ring_allgather_steps(const PlanContext& ctx, const Ring& ring, const std::vector<Span>& blocks,
+                          std::vector<Step>& steps);
+
 // Output at every rank = Output at root (count elements; Input is unused).
 Plan chain_broadcast(const PlanContext& ctx, size_t count, int root);
+Plan binomial_broadcast(const PlanContext& ctx, size_t count, int root);
 // Output at root = reduction of every rank's Input; other ranks' Output is
 // untouched.
 Plan chain_reduce(const PlanContext& ctx, size_t count, int root, bool in_place, bool finalize);
+Plan binomial_reduce(const PlanContext& ctx, size_t count, int root, bool in_place, bool finalize);
+
+// Allreduce alternatives to the ring (same contract as ring_allreduce).
+Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
+Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
+                                  bool finalize);
+Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
+// Reduce-scatter among the ranks of each host, allreduce of each shard among
+// the ranks holding it on every host, allgather inside each host. Needs the
+// same number of ranks on every host (throws InvalidArgument otherwise).
+Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 
 // Every rank sends its whole Input to every peer and reduces locally in rank
 // order, so every rank computes bit-identical results. Uses Scratch.

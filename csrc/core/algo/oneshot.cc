@@ -12,37 +12,34 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
   Plan plan;
   plan.algorithm = "oneshot";
   if (count == 0) return plan;
-  for (int k = 1; k < n; ++k) {
+  const Span input{Buf::Input, 0, count};
+  // Sends and receives of a round progress together, so no message size can
+  // fill the connections and deadlock.
+  auto exchange = [&](int to, int from, Span dst) {
     Step s;
-    s.count = count;
-    s.local = Span{Buf::Input, 0, count};
-    s.send_peer = (r + k) % n;
-    plan.steps.push_back(s);
-  }
-  if (n == 2) {
+    s.kind = Step::Kind::Exchange;
+    s.send_peer = to;
+    s.recv_peer = from;
+    s.local = input;
+    s.dst = dst;
+    return s;
+  };
+  if (n == 2 && !in_place) {
     // a + b == b + a exactly, so reducing straight from the peer's message is
     // already in rank order.
-    Step s;
-    s.count = count;
-    s.recv_peer = 1 - r;
-    s.local = Span{Buf::Input, 0, count};
-    s.dst = Span{Buf::Output, 0, count};
+    Step s = exchange(1 - r, 1 - r, Span{Buf::Output, 0, count});
+    s.operand = input;
     s.finalize = finalize;
-    s.wait_sends = in_place;
     plan.steps.push_back(s);
     return plan;
   }
   // Contributions land in Scratch (ours too, so that in-place Output can be
   // overwritten freely), then one ordered reduction fills Output.
   plan.scratch_count = n * count;
-  add_copy(plan.steps, Span{Buf::Input, 0, count}, Span{Buf::Scratch, r * count, count});
+  add_copy(plan.steps, input, Span{Buf::Scratch, r * count, count});
   for (int k = 1; k < n; ++k) {
-    int from = (r - k + n) % n;
-    Step s;
-    s.count = count;
-    s.recv_peer = from;
-    s.dst = Span{Buf::Scratch, from * count, count};
-    plan.steps.push_back(s);
+    const int from = (r - k + n) % n;
+    plan.steps.push_back(exchange((r + k) % n, from, Span{Buf::Scratch, from * count, count}));
   }
   Step reduce;
   reduce.kind = Step::Kind::LocalReduce;

@@ -30,9 +30,11 @@ struct Step {
     // send_peer. Covers send, copy, recv, recv-reduce, recv-reduce-send,
     // recv-reduce-copy-send and recv-copy-send.
     Fused,
-    // Two independent transfers progressed together: `local` is sent to
-    // send_peer while `dst` is received from recv_peer (all-to-all, gather).
-    // A side whose span is empty still sends (or awaits) one empty message.
+    // Two transfers progressed together: `local` is sent to send_peer while
+    // `dst` is received from recv_peer (all-to-all, gather), or, when
+    // `operand` is set, dst = received (op) operand (recursive doubling and
+    // halving). A side whose span is empty still sends (or awaits) one empty
+    // message. dst may be operand, but neither may overlap `local`.
     Exchange,
     // No communication: `local` holds size() blocks of `count` elements and
     // dst = block 0 (op) block 1 (op) ... in that order.
@@ -43,6 +45,7 @@ struct Step {
   int send_peer = -1;
   std::optional<Span> local;
   std::optional<Span> dst;
+  std::optional<Span> operand;  // Exchange only
   // Divide the result by the world size (ReduceOp::Avg's last reduction).
   bool finalize = false;
   // Wait until every earlier send has left the process first: set on steps
@@ -66,6 +69,8 @@ struct PlanContext {
   // Largest number of bytes one step may push into a connection before the
   // peer consumes it; bounds ring chunks so rings cannot deadlock.
   size_t max_step_bytes;
+  // Host index of every rank (ranks with equal indices share memory).
+  std::vector<int> host;
 };
 
 // A step that copies `from` to `to` locally (same count), or nothing for an

@@ -193,6 +193,7 @@ class Run {
 
   // One side of an Exchange: a cursor over the messages of a span.
   struct Cursor {
+    char* start = nullptr;
     char* ptr = nullptr;
     size_t bytes = 0;  // left to move
     size_t slice = 0;
@@ -202,7 +203,7 @@ class Run {
   Cursor cursor(const std::optional<Span>& span, Connection* conn) const {
     Cursor c;
     if (!conn) return c;
-    c.ptr = span ? address(*span) : nullptr;
+    c.start = c.ptr = span ? address(*span) : nullptr;
     c.bytes = span ? span->count * elem_ : 0;
     c.slice = std::max<size_t>(elem_, op_.slice_bytes / elem_ * elem_);
     c.pending = true;
@@ -225,13 +226,25 @@ class Run {
     Connection* rc = s.recv_peer >= 0 ? conns_[s.recv_peer] : nullptr;
     Cursor out = cursor(s.local, sc);
     Cursor in = cursor(s.dst, rc);
+    const char* operand = s.operand ? address(*s.operand) : nullptr;
+    const int div = divisor(s);
+    // Received bytes reduced with the operand, which follows the dst cursor.
+    auto receive_reduced = [&](char* p, size_t n) {
+      const void* incoming = rc->recv_slot(n);
+      if (!incoming) return false;
+      const char* with = operand + (p - in.start);
+      reduce::reduce(p, nullptr, incoming, with, n / elem_, op_.dtype, op_.op, div, false);
+      rc->release_recv();
+      return true;
+    };
     while (out.pending || in.pending) {
       bool moved = false;
       if (out.pending) {
         moved |= advance(out, [&](char* p, size_t n) { return sc->send_from(p, n); });
       }
       if (in.pending) {
-        moved |= advance(in, [&](char* p, size_t n) { return rc->recv_into(p, n); });
+        moved |= operand ? advance(in, receive_reduced)
+                         : advance(in, [&](char* p, size_t n) { return rc->recv_into(p, n); });
       }
       if (moved) {
         backoff_.reset();

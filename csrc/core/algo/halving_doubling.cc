@@ -1,0 +1,168 @@
+// Recursive doubling and recursive halving/doubling (Rabenseifner) allreduce,
+// as MPICH runs them. Both work on a power-of-two group; other world sizes
+// fold first: of the first 2*rem ranks (rem = size - largest power of two),
+// each even rank hands its whole input to the odd rank above it, sits out,
+// and gets the result back at the end.
+//
+// Recursive doubling exchanges the whole vector with partners at distance
+// 1, 2, 4, ...: log2(p) rounds, best for small messages. Rabenseifner halves
+// the vector at every round of a reduce-scatter, then doubles it back in an
+// allgather: the ring's bandwidth in 2*log2(p) rounds instead of 2*(p-1).
+#include <algorithm>
+
+#include "core/algo/algorithms.h"
+
+namespace weft::algo {
+namespace {
+
+// The power-of-two group and this rank's place in it.
+struct Fold {
+  int group = 1;      // largest power of two <= size
+  int rem = 0;        // size - group
+  int new_rank = -1;  // position in the group; -1 for a rank that sits out
+  int partner = -1;   // the rank it folds with, or -1
+
+  explicit Fold(const PlanContext& ctx) {
+    while (group * 2 <= ctx.size) group *= 2;
+    rem = ctx.size - group;
+    const int r = ctx.rank;
+    if (r < 2 * rem) {
+      partner = r % 2 == 0 ? r + 1 : r - 1;
+      new_rank = r % 2 == 0 ? -1 : r / 2;
+    } else {
+      new_rank = r - rem;
+    }
+  }
+
+  // The world rank at group position `pos`.
+  int rank_of(int pos) const { return pos < rem ? 2 * pos + 1 : pos + rem; }
+};
+
+Step exchange(int peer, Span send, Span receive) {
+  Step s;
+  s.kind = Step::Kind::Exchange;
+  s.send_peer = peer;
+  s.recv_peer = peer;
+  s.local = send;
+  s.dst = receive;
+  return s;
+}
+
+// The first steps of a folded plan: a rank that sits out hands its input
+// over; its partner reduces it into Output. Returns the buffer that holds
+// this rank's running vector afterwards.
+Buf fold_in(const Fold& fold, size_t count, std::vector<Step>& steps) {
+  if (fold.partner < 0) return Buf::Input;
+  Step s;
+  s.count = count;
+  s.local = Span{Buf::Input, 0, count};
+  if (fold.new_rank < 0) {
+    s.send_peer = fold.partner;
+  } else {
+    s.recv_peer = fold.partner;
+    s.dst = Span{Buf::Output, 0, count};
+  }
+  if (count > 0) steps.push_back(s);
+  return Buf::Output;
+}
+
+// The last step of a folded plan: the result goes back to the rank that sat
+// out. (Its Input, sent by reference, was consumed before the result exists.)
+void fold_out(const Fold& fold, size_t count, std::vector<Step>& steps) {
+  if (fold.partner < 0 || count == 0) return;
+  Step s;
+  s.count = count;
+  if (fold.new_rank < 0) {
+    s.recv_peer = fold.partner;
+    s.dst = Span{Buf::Output, 0, count};
+  } else {
+    s.send_peer = fold.partner;
+    s.local = Span{Buf::Output, 0, count};
+  }
+  steps.push_back(s);
+}
+
+}  // namespace
+
+Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
+                                  bool finalize) {
+  if (ctx.size == 1) return local_copy(count, in_place, finalize);
+  Plan plan;
+  plan.algorithm = "rd";
+  if (count == 0) return plan;
+  const Fold fold(ctx);
+  Buf cur = fold_in(fold, count, plan.steps);
+  if (fold.new_rank >= 0) {
+    // Each round sends the running vector and reduces the partner's into a
+    // different buffer, so nothing is overwritten while it is being sent.
+    plan.scratch_count = count;
+    for (int mask = 1; mask < fold.group; mask *= 2) {
+      Buf next = Buf::Scratch;
+      if (cur == Buf::Scratch || (cur == Buf::Input && !in_place)) next = Buf::Output;
+      Step s =
+          exchange(fold.rank_of(fold.new_rank ^ mask), Span{cur, 0, count}, Span{next, 0, count});
+      s.operand = Span{cur, 0, count};
+      s.finalize = finalize && mask * 2 == fold.group;
+      // An earlier round may have sent `next` by reference.
+      s.wait_sends = mask > 1;
+      plan.steps.push_back(s);
+      cur = next;
+    }
+    if (cur == Buf::Scratch) {
+      add_copy(plan.steps, Span{Buf::Scratch, 0, count}, Span{Buf::Output, 0, count});
+      plan.steps.back().wait_sends = true;
+    }
+  }
+  fold_out(fold, count, plan.steps);
+  return plan;
+}
+
+Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
+  if (ctx.size == 1) return local_copy(count, in_place, finalize);
+  Plan plan;
+  plan.algorithm = "rhd";
+  if (count == 0) return plan;
+  const Fold fold(ctx);
+  const Buf start = fold_in(fold, count, plan.steps);
+  if (fold.new_rank >= 0) {
+    const size_t parts = fold.group;
+    auto blocks = [&](Buf buf, size_t lo, size_t hi) {
+      const size_t at = part_offset(count, parts, lo);
+      return Span{buf, at, part_offset(count, parts, hi) - at};
+    };
+    // Reduce-scatter by recursive halving: keep the half of the current
+    // block range that holds our position, send the other half.
+    size_t lo = 0, hi = parts;
+    Buf cur = start;
+    for (int mask = fold.group / 2; mask >= 1; mask /= 2) {
+      const size_t mid = (lo + hi) / 2;
+      const bool upper = (fold.new_rank & mask) != 0;
+      const size_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
+      const size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
+      Step s = exchange(fold.rank_of(fold.new_rank ^ mask), blocks(cur, give_lo, give_hi),
+                        blocks(Buf::Output, keep_lo, keep_hi));
+      s.operand = blocks(cur, keep_lo, keep_hi);
+      s.finalize = finalize && mask == 1;
+      plan.steps.push_back(s);
+      lo = keep_lo;
+      hi = keep_hi;
+      cur = Buf::Output;
+    }
+    // Allgather by recursive doubling: exchange what we hold for the
+    // partner's equal-sized range. (A range received here is one we sent the
+    // same partner while halving, so the partner has consumed that send.)
+    for (int mask = 1; mask < fold.group; mask *= 2) {
+      const int partner = fold.new_rank ^ mask;
+      const size_t theirs = static_cast<size_t>(partner) / mask * mask;
+      Step s = exchange(fold.rank_of(partner), blocks(Buf::Output, lo, hi),
+                        blocks(Buf::Output, theirs, theirs + mask));
+      plan.steps.push_back(s);
+      lo = std::min(lo, theirs);
+      hi = lo + 2 * static_cast<size_t>(mask);
+    }
+  }
+  fold_out(fold, count, plan.steps);
+  return plan;
+}
+
+}  // namespace weft::algo

@@ -1,0 +1,173 @@
+// Trees. Binomial trees broadcast and reduce in log2(size) hops, the answer
+// for small messages where a chain pays one hop per rank. The double binary
+// tree allreduce (as NCCL runs it) sends each half of the buffer up and down
+// its own binary tree; the second tree is the first shifted by one rank, so
+// most ranks that are leaves in one tree are inner nodes in the other and
+// every rank's links carry about the same load. Large buffers go in rounds
+// whose chunks fit in half a connection's buffering, as in the ring.
+#include <algorithm>
+
+#include "core/algo/algorithms.h"
+
+namespace weft::algo {
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// One rank's links in a tree: at most one parent (-1 at the root).
+struct Node {
+  int parent = -1;
+  std::vector<int> children;
+};
+
+// Binomial tree rooted at `root`. Children are listed from the smallest
+// subtree to the largest.
+Node binomial_node(int rank, int size, int root) {
+  const int v = mod(rank - root, size);
+  Node node;
+  int low = 1;  // lowest set bit of v; above every child distance for the root
+  while (low < size && (v & low) == 0) low *= 2;
+  if (v != 0) node.parent = mod(v - low + root, size);
+  for (int k = 1; k < low && v + k < size; k *= 2) node.children.push_back(mod(v + k + root, size));
+  return node;
+}
+
+// Balanced in-order binary tree over positions [lo, hi): the middle position
+// is the root of the range. Fills `parent` and `children` of every position.
+void inorder_tree(int lo, int hi, int up, std::vector<Node>& nodes) {
+  if (lo >= hi) return;
+  const int mid = lo + (hi - lo) / 2;
+  nodes[mid].parent = up;
+  if (up >= 0) nodes[up].children.push_back(mid);
+  inorder_tree(lo, mid, mid, nodes);
+  inorder_tree(mid + 1, hi, mid, nodes);
+}
+
+// This rank's node in tree `t` (0 or 1) of the double binary tree: tree 1
+// puts rank (p + 1) mod size at position p of tree 0.
+Node double_tree_node(int rank, int size, int t) {
+  std::vector<Node> nodes(size);
+  inorder_tree(0, size, -1, nodes);
+  const int shift = t;
+  Node at = nodes[mod(rank - shift, size)];
+  Node node;
+  if (at.parent >= 0) node.parent = mod(at.parent + shift, size);
+  for (int c : at.children) node.children.push_back(mod(c + shift, size));
+  return node;
+}
+
+Step fused(size_t count) {
+  Step s;
+  s.count = count;
+  return s;
+}
+
+// Reduce `in` up the tree: children's data is added to ours, the sum goes to
+// the parent; at the root it lands in `out` (divided when `finalize`).
+// Inner nodes accumulate in `acc`.
+void reduce_up(const Node& node, const Span& in, const Span& acc, const Span& out, bool finalize,
+               std::vector<Step>& steps) {
+  if (in.count == 0) return;
+  if (node.children.empty()) {
+    Step s = fused(in.count);
+    s.local = in;
+    s.send_peer = node.parent;
+    steps.push_back(s);
+    return;
+  }
+  for (size_t i = 0; i < node.children.size(); ++i) {
+    const bool last = i + 1 == node.children.size();
+    Step s = fused(in.count);
+    s.recv_peer = node.children[i];
+    s.local = i == 0 ? in : acc;
+    if (!last) {
+      s.dst = acc;
+    } else if (node.parent >= 0) {
+      s.send_peer = node.parent;
+    } else {
+      s.dst = out;
+      s.finalize = finalize;
+    }
+    steps.push_back(s);
+  }
+}
+
+// Broadcast `buf` down the tree: received from the parent (unless root),
+// passed to every child, the first one as it arrives.
+void broadcast_down(const Node& node, const Span& buf, std::vector<Step>& steps) {
+  if (buf.count == 0) return;
+  size_t first_plain = 0;
+  if (node.parent >= 0) {
+    Step s = fused(buf.count);
+    s.recv_peer = node.parent;
+    s.dst = buf;
+    if (!node.children.empty()) {
+      s.send_peer = node.children[0];
+      first_plain = 1;
+    }
+    steps.push_back(s);
+  }
+  for (size_t i = first_plain; i < node.children.size(); ++i) {
+    Step s = fused(buf.count);
+    s.local = buf;
+    s.send_peer = node.children[i];
+    steps.push_back(s);
+  }
+}
+
+}  // namespace
+
+Plan binomial_broadcast(const PlanContext& ctx, size_t count, int root) {
+  Plan plan;
+  plan.algorithm = "tree";
+  if (ctx.size == 1 || count == 0) return plan;
+  Node node = binomial_node(ctx.rank, ctx.size, root);
+  // The largest subtree first: it has the longest way to go.
+  std::reverse(node.children.begin(), node.children.end());
+  broadcast_down(node, Span{Buf::Output, 0, count}, plan.steps);
+  return plan;
+}
+
+Plan binomial_reduce(const PlanContext& ctx, size_t count, int root, bool in_place, bool finalize) {
+  if (ctx.size == 1) {
+    Plan plan = local_copy(count, in_place, finalize);
+    plan.algorithm = "tree";
+    return plan;
+  }
+  Plan plan;
+  plan.algorithm = "tree";
+  const Node node = binomial_node(ctx.rank, ctx.size, root);
+  // Only the root's Output may change: the others accumulate in Scratch.
+  const bool is_root = node.parent < 0;
+  const Span acc{is_root ? Buf::Output : Buf::Scratch, 0, count};
+  if (!is_root) plan.scratch_count = count;
+  reduce_up(node, Span{Buf::Input, 0, count}, acc, Span{Buf::Output, 0, count}, finalize,
+            plan.steps);
+  return plan;
+}
+
+Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
+  if (ctx.size == 1) return local_copy(count, in_place, finalize);
+  Plan plan;
+  plan.algorithm = "tree";
+  const Node trees[2] = {double_tree_node(ctx.rank, ctx.size, 0),
+                         double_tree_node(ctx.rank, ctx.size, 1)};
+  const size_t limit = std::max<size_t>(1, ctx.max_step_bytes / ctx.elem_size);
+  for (size_t base = 0; base < count; base += 2 * limit) {
+    const size_t round = std::min(2 * limit, count - base);
+    Span half[2];
+    for (int t = 0; t < 2; ++t) {
+      half[t] = Span{Buf::Output, base + part_offset(round, 2, t), part_count(round, 2, t)};
+    }
+    for (int t = 0; t < 2; ++t) {
+      const Span in{Buf::Input, half[t].offset, half[t].count};
+      reduce_up(trees[t], in, half[t], half[t], finalize, plan.steps);
+    }
+    // In place, the broadcast overwrites Input that went up by reference;
+    // the result that overwrites it exists only once that was consumed.
+    for (int t = 0; t < 2; ++t) broadcast_down(trees[t], half[t], plan.steps);
+  }
+  return plan;
+}
+
+}  // namespace weft::algo

@@ -1,0 +1,202 @@
+#include "core/tune/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "core/common/error.h"
+
+namespace weft {
+namespace {
+
+constexpr Algorithm kAll[] = {Algorithm::Ring, Algorithm::Tree,    Algorithm::Rd,   Algorithm::Rhd,
+                              Algorithm::Hier, Algorithm::Oneshot, Algorithm::Chain};
+
+int log2_floor(int n) {
+  int k = 0;
+  while ((2 << k) <= n) ++k;
+  return k;
+}
+
+int log2_ceil(int n) { return n <= 1 ? 0 : log2_floor(n - 1) + 1; }
+
+bool has_form(Algorithm a, Collective c, const Topology& topo) {
+  switch (a) {
+    case Algorithm::Ring: return c != Collective::Broadcast && c != Collective::Reduce;
+    case Algorithm::Tree:
+      return c == Collective::Allreduce || c == Collective::Broadcast || c == Collective::Reduce;
+    case Algorithm::Chain: return c == Collective::Broadcast || c == Collective::Reduce;
+    case Algorithm::Rd:
+    case Algorithm::Rhd:
+    case Algorithm::Oneshot: return c == Collective::Allreduce;
+    case Algorithm::Hier:
+      return c == Collective::Allreduce && topo.hosts > 1 && topo.ranks_per_host > 0;
+    case Algorithm::Auto: return false;
+  }
+  return false;
+}
+
+// Seconds for one message of `bytes` over `link`.
+double msg(const LinkCost& link, double bytes) { return link.alpha_s + bytes * link.beta_s_per_b; }
+
+}  // namespace
+
+std::string format_cost_model(const CostModel& m) {
+  std::ostringstream out;
+  out.precision(6);
+  out << "shm_alpha_s " << m.shm.alpha_s << "\nshm_beta_s_per_b " << m.shm.beta_s_per_b
+      << "\ntcp_alpha_s " << m.tcp.alpha_s << "\ntcp_beta_s_per_b " << m.tcp.beta_s_per_b
+      << "\ngamma_s_per_b " << m.gamma_s_per_b << "\n";
+  return out.str();
+}
+
+CostModel load_cost_model(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    throw InvalidArgument("WEFT_TUNE='" + path +
+                          "': no such file; use measure, off, or a file written by "
+                          "weft.topo.save_cost_model");
+  }
+  std::map<std::string, double> values;
+  std::string key;
+  double value = 0;
+  while (file >> key >> value) values[key] = value;
+  if (!file.eof())
+    throw InvalidArgument("WEFT_TUNE file '" + path + "': expected 'name value' lines");
+  CostModel m;
+  double* fields[] = {&m.shm.alpha_s, &m.shm.beta_s_per_b, &m.tcp.alpha_s, &m.tcp.beta_s_per_b,
+                      &m.gamma_s_per_b};
+  const char* names[] = {"shm_alpha_s", "shm_beta_s_per_b", "tcp_alpha_s", "tcp_beta_s_per_b",
+                         "gamma_s_per_b"};
+  for (int i = 0; i < 5; ++i) {
+    auto it = values.find(names[i]);
+    if (it == values.end() || !(it->second > 0)) {
+      throw InvalidArgument("WEFT_TUNE file '" + path + "': needs a positive " + names[i]);
+    }
+    *fields[i] = it->second;
+  }
+  return m;
+}
+
+const char* to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::Auto: return "auto";
+    case Algorithm::Ring: return "ring";
+    case Algorithm::Tree: return "tree";
+    case Algorithm::Rd: return "rd";
+    case Algorithm::Rhd: return "rhd";
+    case Algorithm::Hier: return "hier";
+    case Algorithm::Oneshot: return "oneshot";
+    case Algorithm::Chain: return "chain";
+  }
+  return "?";
+}
+
+const char* to_string(Collective c) {
+  switch (c) {
+    case Collective::Allreduce: return "allreduce";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::Allgather: return "allgather";
+    case Collective::Broadcast: return "broadcast";
+    case Collective::Reduce: return "reduce";
+    case Collective::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+Algorithm parse_algorithm(const std::string& name) {
+  if (name == "auto") return Algorithm::Auto;
+  for (Algorithm a : kAll) {
+    if (name == to_string(a)) return a;
+  }
+  throw InvalidArgument("unknown algorithm '" + name +
+                        "': use auto, ring, tree, rd, rhd, hier, oneshot or chain");
+}
+
+Collective parse_collective(const std::string& name) {
+  for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather,
+                       Collective::Broadcast, Collective::Reduce, Collective::Barrier}) {
+    if (name == to_string(c)) return c;
+  }
+  throw InvalidArgument(
+      "unknown collective '" + name +
+      "': use allreduce, reduce_scatter, allgather, broadcast, reduce or barrier");
+}
+
+std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo) {
+  std::vector<Algorithm> out;
+  for (Algorithm a : kAll) {
+    if (has_form(a, c, topo)) out.push_back(a);
+  }
+  return out;
+}
+
+double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
+               const CostModel& model) {
+  if (!has_form(a, c, topo)) {
+    throw InvalidArgument(std::string("algorithm ") + to_string(a) + " has no " + to_string(c) +
+                          " for this world");
+  }
+  const double n = topo.size, S = static_cast<double>(bytes), g = model.gamma_s_per_b;
+  if (topo.size == 1) return S * g / 4;  // a local copy
+  const LinkCost& flat = topo.any_tcp ? model.tcp : model.shm;
+  // Off a ring, several ranks of a host may cross its link at once.
+  LinkCost shared = flat;
+  if (topo.hosts > 1) shared.beta_s_per_b *= std::max(1, topo.ranks_per_host);
+  const int p = 1 << log2_floor(topo.size);
+  const double fold = topo.size == p ? 0 : 2 * msg(flat, S) + S * g;
+  switch (c) {
+    case Collective::Allreduce:
+      switch (a) {
+        case Algorithm::Ring: return 2 * (n - 1) * msg(flat, S / n) + (n - 1) / n * S * g;
+        case Algorithm::Oneshot: return (n - 1) * (msg(shared, S) + S * g);
+        case Algorithm::Rd: return log2_floor(topo.size) * (msg(shared, S) + S * g) + fold;
+        case Algorithm::Rhd:
+          return 2 * log2_floor(topo.size) * shared.alpha_s +
+                 2 * (p - 1.0) / p * S * shared.beta_s_per_b + (p - 1.0) / p * S * g + fold;
+        case Algorithm::Tree:
+          return 2 * (log2_floor(topo.size) + 1) * shared.alpha_s + 1.5 * S * shared.beta_s_per_b +
+                 S * g;
+        case Algorithm::Hier: {
+          const double L = topo.ranks_per_host, H = topo.hosts;
+          // Both local phases over shared memory, the shards' rings over the
+          // host's link, which all L of them share.
+          const double local = 2 * (L - 1) * msg(model.shm, S / L) + (L - 1) / L * S * g;
+          const double across = 2 * (H - 1) * model.tcp.alpha_s +
+                                2 * (H - 1) / H * S * model.tcp.beta_s_per_b +
+                                (H - 1) / H * S / L * g;
+          return local + across;
+        }
+        default: break;
+      }
+      break;
+    case Collective::ReduceScatter: return (n - 1) * msg(flat, S) + (n - 1) * S * g;
+    case Collective::Allgather: return (n - 1) * msg(flat, S);
+    case Collective::Broadcast:
+      if (a == Algorithm::Chain) return (n - 1) * flat.alpha_s + S * flat.beta_s_per_b;
+      return log2_ceil(topo.size) * msg(shared, S);
+    case Collective::Reduce:
+      if (a == Algorithm::Chain) return (n - 1) * flat.alpha_s + S * (flat.beta_s_per_b + g);
+      return log2_ceil(topo.size) * (msg(shared, S) + S * g);
+    case Collective::Barrier: break;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
+              Algorithm forced) {
+  if (forced != Algorithm::Auto && has_form(forced, c, topo)) {
+    return Choice{forced, predict(forced, c, bytes, topo, model)};
+  }
+  Choice best{Algorithm::Auto, std::numeric_limits<double>::infinity()};
+  for (Algorithm a : algorithms_for(c, topo)) {
+    const double t = predict(a, c, bytes, topo, model);
+    if (t < best.predicted_s) best = Choice{a, t};
+  }
+  return best;
+}
+
+}  // namespace weft

@@ -1,0 +1,74 @@
+// The alpha-beta-gamma cost model the tuner chooses algorithms with: a
+// message over a link costs alpha + bytes*beta, reducing costs bytes*gamma.
+// Predictions are for one operation on one rank, assuming every rank runs
+// the same Plan shape at once; the slowest link in use bounds flat
+// algorithms, the hierarchical one pays each kind of link for its own phase.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace weft {
+
+struct LinkCost {
+  double alpha_s = 0;       // seconds per message (latency)
+  double beta_s_per_b = 0;  // seconds per byte (inverse bandwidth)
+};
+
+// Defaults are round figures for a 2-core VM; communicators measure their own
+// (see probe.h) unless WEFT_TUNE says otherwise.
+struct CostModel {
+  LinkCost shm{2e-6, 1.0 / 8e9};
+  LinkCost tcp{20e-6, 1.0 / 2e9};
+  double gamma_s_per_b = 1.0 / 10e9;  // reduction, per byte of output
+};
+
+// A model as text ("shm_alpha_s 2e-06" lines), for WEFT_TUNE=<file>.
+std::string format_cost_model(const CostModel& model);
+// Throws InvalidArgument naming the file and what is wrong with it.
+CostModel load_cost_model(const std::string& path);
+
+// The shape of a world, as far as the cost model cares.
+struct Topology {
+  int size = 1;
+  int hosts = 1;
+  // Ranks on every host, or 0 when hosts hold different numbers of ranks.
+  int ranks_per_host = 1;
+  bool any_tcp = false;  // some pair of ranks talks over tcp
+};
+
+// Barrier has a single algorithm and no cost.
+enum class Collective : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, Barrier };
+
+// Algorithm families. Not every family has a form for every collective.
+enum class Algorithm { Auto, Ring, Tree, Rd, Rhd, Hier, Oneshot, Chain };
+
+const char* to_string(Algorithm a);
+const char* to_string(Collective c);
+// "auto", "ring", "tree", "rd", "rhd", "hier", "oneshot", "chain"; throws
+// InvalidArgument naming the choices.
+Algorithm parse_algorithm(const std::string& name);
+// "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "barrier".
+Collective parse_collective(const std::string& name);
+
+// The families that implement `c` on `topo` (hier needs several hosts with
+// equal rank counts).
+std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo);
+
+// Predicted seconds for `bytes` per rank (the buffer each rank contributes;
+// for allgather, each rank's block). Throws InvalidArgument when `a` has no
+// form for `c` on `topo`.
+double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
+               const CostModel& model);
+
+struct Choice {
+  Algorithm algorithm;
+  double predicted_s;
+};
+// The cheapest family for `c`, or `forced` when it has a form for `c` (a
+// forced family without one falls back to the cheapest).
+Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
+              Algorithm forced = Algorithm::Auto);
+
+}  // namespace weft

@@ -1,0 +1,103 @@
+#include "core/tune/probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "core/algo/algorithms.h"
+#include "core/reduce/cpu_reduce.h"
+
+namespace weft {
+namespace {
+
+constexpr int kPings = 16;
+constexpr int kTransfers = 5;
+constexpr size_t kTransferBytes = size_t{1} << 20;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Both directions between this rank and `partner` at once (no steps when
+// partner < 0: this rank sits the round out).
+Plan pair_exchange(int partner, size_t bytes) {
+  Plan plan;
+  plan.algorithm = "probe";
+  if (partner < 0) return plan;
+  Step s;
+  s.kind = Step::Kind::Exchange;
+  s.send_peer = s.recv_peer = partner;
+  s.local = Span{Buf::Input, 0, bytes};
+  s.dst = Span{Buf::Output, 0, bytes};
+  plan.steps.push_back(s);
+  return plan;
+}
+
+// This rank's partner in round 0 (pairs 2k, 2k+1) or round 1 (pairs 2k+1,
+// 2k+2, wrapping for an even size), or -1.
+int partner_in(int round, int rank, int size) {
+  const int shifted = (rank - round + size) % size;  // round 1 pairs as round 0 one rank on
+  const int other = shifted ^ 1;
+  if (other >= size ||
+      (round == 1 && size % 2 == 1 && (shifted == size - 1 || other == size - 1))) {
+    return -1;
+  }
+  return (other + round) % size;
+}
+
+// Seconds per byte of output of a float32 sum that stays in cache.
+double reduce_cost() {
+  const size_t count = 64 * 1024;
+  std::vector<float> a(count, 1.0f), b(count, 2.0f), out(count);
+  reduce::reduce(out.data(), nullptr, a.data(), b.data(), count, DataType::Float32, ReduceOp::Sum,
+                 0, false);
+  const double start = now_s();
+  for (int i = 0; i < 4; ++i) {
+    reduce::reduce(out.data(), nullptr, a.data(), b.data(), count, DataType::Float32, ReduceOp::Sum,
+                   0, false);
+  }
+  return (now_s() - start) / (4.0 * count * sizeof(float));
+}
+
+}  // namespace
+
+CostModel probe_cost_model(const RunPlan& run, int rank, int size,
+                           const std::function<bool(int)>& is_tcp, const CostModel& defaults) {
+  // measured[0..1]: shm alpha, beta; [2..3]: tcp alpha, beta; [4]: gamma.
+  std::vector<double> measured(5, 0.0), agreed(5, 0.0);
+  measured[4] = reduce_cost();
+  std::vector<char> in(kTransferBytes), out(kTransferBytes);
+  // Medians: the first messages after connecting, or a descheduled peer,
+  // would otherwise dominate.
+  auto median_s = [&](int partner, size_t bytes, int times) {
+    const Plan plan = pair_exchange(partner, bytes);
+    std::vector<double> t;
+    for (int i = 0; i < times; ++i) {
+      const double start = now_s();
+      run(plan, in.data(), out.data(), DataType::UInt8, ReduceOp::Sum);
+      t.push_back(now_s() - start);
+    }
+    std::nth_element(t.begin(), t.begin() + times / 2, t.end());
+    return t[times / 2];
+  };
+  for (int round = 0; round < 2 && size > 1; ++round) {
+    const int partner = partner_in(round, rank, size);
+    const double alpha = median_s(partner, 1, kPings);
+    const double transfer = median_s(partner, kTransferBytes, kTransfers);
+    if (partner < 0) continue;
+    const int at = is_tcp(partner) ? 2 : 0;
+    measured[at] = std::max(measured[at], alpha);
+    measured[at + 1] =
+        std::max(measured[at + 1], std::max(transfer - alpha, alpha) / kTransferBytes);
+  }
+  PlanContext ctx{rank, size, sizeof(double), SIZE_MAX / 2, {}};
+  run(algo::oneshot_allreduce(ctx, measured.size(), false, false), measured.data(), agreed.data(),
+      DataType::Float64, ReduceOp::Max);
+  CostModel model = defaults;
+  if (agreed[0] > 0) model.shm = LinkCost{agreed[0], agreed[1]};
+  if (agreed[2] > 0) model.tcp = LinkCost{agreed[2], agreed[3]};
+  model.gamma_s_per_b = agreed[4];
+  return model;
+}
+
+}  // namespace weft

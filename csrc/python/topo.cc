@@ -1,0 +1,93 @@
+// weft._C.topo: the tuner's cost model for Python, so a user can ask what an
+// algorithm would cost on a world no machine here has.
+#include "topo.h"
+
+#include <pybind11/stl.h>
+
+#include "core/common/error.h"
+#include "core/tune/cost_model.h"
+
+namespace py = pybind11;
+
+namespace weft::python {
+
+void bind_topo(py::module_& parent) {
+  py::module_ m = parent.def_submodule("topo", "The alpha-beta-gamma cost model of the tuner.");
+
+  py::class_<LinkCost>(m, "LinkCost", "Cost of one message: alpha + bytes * beta seconds.")
+      .def(py::init(
+               [](double alpha_s, double beta_s_per_b) { return LinkCost{alpha_s, beta_s_per_b}; }),
+           py::arg("alpha_s"), py::arg("beta_s_per_b"))
+      .def_readwrite("alpha_s", &LinkCost::alpha_s)
+      .def_readwrite("beta_s_per_b", &LinkCost::beta_s_per_b)
+      .def("__repr__", [](const LinkCost& l) {
+        return "LinkCost(alpha_s=" + std::to_string(l.alpha_s) +
+               ", beta_s_per_b=" + std::to_string(l.beta_s_per_b) + ")";
+      });
+
+  py::class_<CostModel>(m, "CostModel", "Link costs per transport and the reduction cost.")
+      .def(py::init<>())
+      .def_readwrite("shm", &CostModel::shm)
+      .def_readwrite("tcp", &CostModel::tcp)
+      .def_readwrite("gamma_s_per_b", &CostModel::gamma_s_per_b)
+      .def("__str__", &format_cost_model);
+
+  py::class_<Topology>(m, "Topology", "The shape of a world.")
+      .def(py::init([](int size, int hosts, int ranks_per_host, bool any_tcp) {
+             if (size < 1 || hosts < 1 || hosts > size) {
+               throw InvalidArgument("Topology needs 1 <= hosts <= size");
+             }
+             // By default, ranks spread evenly when they can be.
+             if (ranks_per_host < 0) ranks_per_host = size % hosts == 0 ? size / hosts : 0;
+             return Topology{size, hosts, ranks_per_host, any_tcp || hosts > 1};
+           }),
+           py::arg("size"), py::arg("hosts") = 1, py::arg("ranks_per_host") = -1,
+           py::arg("any_tcp") = false,
+           "ranks_per_host=-1: size/hosts when that divides evenly, else 0 (uneven); several "
+           "hosts imply tcp.")
+      .def_readwrite("size", &Topology::size)
+      .def_readwrite("hosts", &Topology::hosts)
+      .def_readwrite("ranks_per_host", &Topology::ranks_per_host)
+      .def_readwrite("any_tcp", &Topology::any_tcp);
+
+  m.def(
+      "algorithms_for",
+      [](const std::string& collective, const Topology& topo) {
+        std::vector<std::string> names;
+        for (Algorithm a : algorithms_for(parse_collective(collective), topo)) {
+          names.push_back(to_string(a));
+        }
+        return names;
+      },
+      py::arg("collective"), py::arg("topology"),
+      "Algorithm families that implement `collective` on `topology`.");
+  m.def(
+      "predict",
+      [](const std::string& algorithm, const std::string& collective, size_t nbytes,
+         const Topology& topo, const CostModel& model) {
+        return predict(parse_algorithm(algorithm), parse_collective(collective), nbytes, topo,
+                       model);
+      },
+      py::arg("algorithm"), py::arg("collective"), py::arg("nbytes"), py::arg("topology"),
+      py::arg("model") = CostModel{}, "Predicted seconds for `nbytes` per rank.");
+  m.def(
+      "choose",
+      [](const std::string& collective, size_t nbytes, const Topology& topo,
+         const CostModel& model) {
+        const Choice c = choose(parse_collective(collective), nbytes, topo, model);
+        return py::make_tuple(to_string(c.algorithm), c.predicted_s);
+      },
+      py::arg("collective"), py::arg("nbytes"), py::arg("topology"), py::arg("model") = CostModel{},
+      "(algorithm, predicted seconds) the tuner would pick.");
+  m.def("load_cost_model", &load_cost_model, py::arg("path"),
+        "Reads a model written by save_cost_model (the format WEFT_TUNE=<file> takes).");
+  m.def(
+      "save_cost_model",
+      [](const CostModel& model, const std::string& path) {
+        py::module_::import("pathlib").attr("Path")(path).attr("write_text")(
+            format_cost_model(model));
+      },
+      py::arg("model"), py::arg("path"));
+}
+
+}  // namespace weft::python

@@ -1,0 +1,98 @@
+"""Several "hosts" on one Linux machine: network namespaces joined by a bridge.
+
+Each host is a namespace with one veth link (``eth0``) to a bridge in the root namespace,
+its own loopback, and an address 10.<net>.0.<i+1>/24. Ranks started on a host see only that
+link, so weft talks tcp between hosts and shared memory inside one (``WEFT_HOST_ID`` is set
+per host). ``rate_mbit`` limits each host's link in both directions with ``tc tbf``.
+
+Needs root and ``ip`` (and ``tc`` for a rate); ``unavailable()`` says why not when it can't.
+Used by the multi-host tests and the hierarchical benchmark::
+
+    with weft.netns.Hosts(2, rate_mbit=1000) as hosts:
+        procs = [hosts.spawn(h, [sys.executable, "job.py", ...]) for h in (0, 0, 1, 1)]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+
+def unavailable() -> str | None:
+    """Why namespaces cannot be made here, or None when they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"the '{tool}' command is missing (Debian: apt-get install iproute2)"
+    probe = f"wftprobe{os.getpid() % 100000}"
+    try:
+        _run("ip", "netns", "add", probe)
+    except (subprocess.CalledProcessError, OSError) as e:
+        return f"cannot create a network namespace: {e}"
+    _run("ip", "netns", "delete", probe)
+    return None
+
+
+class Hosts:
+    """``count`` namespaces; a context manager that removes them (and their processes)."""
+
+    def __init__(self, count: int, rate_mbit: float | None = None):
+        tag = os.getpid() % 10000
+        self.count = count
+        self.rate_mbit = rate_mbit
+        self.bridge = f"wftbr{tag}"
+        self.namespaces = [f"wft{tag}h{i}" for i in range(count)]
+        net = 100 + tag % 150
+        self.ips = [f"10.{net}.0.{i + 1}" for i in range(count)]
+        self._root_links = [f"wft{tag}v{i}" for i in range(count)]
+        self._procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> Hosts:
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "link", "set", self.bridge, "up")
+            for ns, link, ip in zip(self.namespaces, self._root_links, self.ips):
+                _run("ip", "netns", "add", ns)
+                _run("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _run("ip", "link", "set", link, "master", self.bridge, "up")
+                _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+                _run("ip", "-n", ns, "link", "set", "eth0", "up")
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                if self.rate_mbit:
+                    self._limit(link, ns)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _limit(self, link: str, ns: str) -> None:
+        """tbf on both ends of the host's link: its traffic out and in."""
+        rate = f"{self.rate_mbit}mbit"
+        tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
+        _run("tc", "qdisc", "add", "dev", link, "root", *tbf)
+        _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf)
+
+    def spawn(self, host: int, argv: list[str], env: dict[str, str] | None = None, **kwargs):
+        """Starts ``argv`` on ``host`` with WEFT_HOST_ID set to that host."""
+        full_env = dict(os.environ if env is None else env)
+        full_env["WEFT_HOST_ID"] = self.namespaces[host]
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.namespaces[host], *argv], env=full_env, **kwargs
+        )
+        self._procs.append(proc)
+        return proc
+
+    def __exit__(self, *exc) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, timeout=30)

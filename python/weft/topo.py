@@ -1,0 +1,32 @@
+"""The tuner's alpha-beta-gamma cost model, for questions about worlds no machine here has.
+
+>>> from weft import topo
+>>> world = topo.Topology(size=1024, hosts=128, ranks_per_host=8, any_tcp=True)
+>>> topo.choose("allreduce", 64 << 20, world)            # (algorithm, predicted seconds)
+>>> topo.predict("ring", "allreduce", 64 << 20, world)
+
+``Communicator.cost_model`` is the model a live communicator measured at creation;
+``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads.
+"""
+
+from weft._C.topo import (  # noqa: F401
+    CostModel,
+    LinkCost,
+    Topology,
+    algorithms_for,
+    choose,
+    load_cost_model,
+    predict,
+    save_cost_model,
+)
+
+__all__ = [
+    "CostModel",
+    "LinkCost",
+    "Topology",
+    "algorithms_for",
+    "choose",
+    "load_cost_model",
+    "predict",
+    "save_cost_model",
+]

@@ -1,0 +1,63 @@
+"""One rank of the multi-host tests: started inside a network namespace by test_multihost.py.
+
+Runs allreduce with each requested algorithm over counts and dtypes, checks every result
+against numpy, and prints one JSON line: errors found, the algorithm each communicator would
+run for 64 MiB, and the transport to every peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import timedelta
+
+import numpy as np
+import torch.distributed as dist
+import weft
+
+COUNTS = (0, 1, 5, 4099, 65537, 1 << 20)
+CASES = (("float32", "sum"), ("int64", "max"), ("float64", "avg"))
+
+
+def contribution(rank: int, count: int, dtype: str) -> np.ndarray:
+    """Small integers, so float sums are exact."""
+    return ((np.arange(count) * 7 + rank * 13) % 11 - 5).astype(dtype)
+
+
+def expected(size: int, count: int, dtype: str, op: str) -> np.ndarray:
+    stacked = np.stack([contribution(r, count, dtype) for r in range(size)])
+    if op == "max":
+        return stacked.max(axis=0)
+    total = stacked.sum(axis=0)
+    return total / size if op == "avg" else total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--store", required=True, help="ip:port of rank 0's TCPStore")
+    parser.add_argument("--algos", required=True, help="comma-separated WEFT_ALGO values")
+    args = parser.parse_args()
+    ip, port = args.store.split(":")
+    store = dist.TCPStore(
+        ip, int(port), args.size, args.rank == 0, timedelta(seconds=60), wait_for_workers=False
+    )
+    report = {"rank": args.rank, "errors": [], "chosen": {}}
+    for algo in args.algos.split(","):
+        comm = weft.Communicator(
+            store, args.rank, args.size, name=f"multihost-{algo}", timeout=60, algo=algo
+        )
+        report["chosen"][algo] = comm.algorithm("allreduce", 64 << 20)[0]
+        report["transports"] = [comm.transport_to(p) for p in range(args.size)]
+        for count in COUNTS:
+            for dtype, op in CASES:
+                buf = contribution(args.rank, count, dtype)
+                comm.allreduce(buf, op=op)
+                if not np.allclose(buf, expected(args.size, count, dtype, op), rtol=1e-12):
+                    report["errors"].append(f"{algo} {dtype} {op} count={count}")
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Ranks on several "hosts": network namespaces on this machine (see weft.netns).
+
+2 hosts x 2 ranks and 3 hosts x 2 ranks: shared memory inside a host, tcp across links limited
+to RATE_MBIT; every allreduce algorithm that applies is checked against numpy on the ranks, and
+the tuner must pick the hierarchical one for large messages (with the host links this slow, it
+is the fastest by far). Skipped, with the reason, without root or ip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import weft.netns
+
+REASON = weft.netns.unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+WORKER = str(Path(__file__).resolve().parent / "netns_worker.py")
+ALGOS = "hier,ring,rhd,tree,auto"
+STORE_PORT = 29400  # every namespace has its own ports: this one is free in a new namespace
+TIMEOUT_S = 240
+RATE_MBIT = 400
+
+
+@pytest.mark.parametrize(("hosts", "per_host"), [(2, 2), (3, 2)], ids=["2x2", "3x2"])
+def test_hierarchical_across_namespaces(hosts, per_host):
+    size = hosts * per_host
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    with weft.netns.Hosts(hosts, rate_mbit=RATE_MBIT) as net:
+        procs = []
+        for rank in range(size):
+            argv = [sys.executable, WORKER, f"--rank={rank}", f"--size={size}"]
+            argv += [f"--store={net.ips[0]}:{STORE_PORT}", f"--algos={ALGOS}"]
+            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+            procs.append(net.spawn(rank // per_host, argv, env, **pipes))
+        outputs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+    for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{err.decode()[-3000:]}"
+        report = json.loads(out.decode().strip().splitlines()[-1])
+        assert report["errors"] == [], f"rank {rank}: wrong results {report['errors']}"
+        assert report["chosen"]["hier"] == "hier"
+        assert report["chosen"]["auto"] == "hier", f"rank {rank}: tuner chose {report['chosen']}"
+        same_host = [p // per_host == rank // per_host for p in range(size)]
+        want = ["self" if p == rank else ("shm" if same_host[p] else "tcp") for p in range(size)]
+        assert report["transports"] == want

@@ -1,6 +1,8 @@
 #include "core/comm.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "core/algo/algorithms.h"
 #include "core/common/config.h"
@@ -27,7 +29,41 @@ char transport_code(TransportChoice choice) {
   return 'a';
 }
 
+// The algorithms each collective can run, which WEFT_ALGO may force. Barrier
+// is not listed: it carries no data and keeps its one algorithm whatever
+// WEFT_ALGO says.
+const std::map<std::string, std::vector<std::string>>& algorithm_table() {
+  static const std::map<std::string, std::vector<std::string>> table = {
+      {"allreduce", {"ring", "oneshot"}},
+      {"reduce_scatter", {"ring"}},
+      {"allgather", {"ring"}},
+      {"broadcast", {"chain"}},
+      {"reduce", {"chain"}},
+      {"alltoall", {"pairwise"}},
+      {"gather", {"direct"}},
+      {"scatter", {"direct"}},
+  };
+  return table;
+}
+
+std::set<std::string> known_algorithms() {
+  std::set<std::string> known;
+  for (const auto& [coll, algos] : algorithm_table()) known.insert(algos.begin(), algos.end());
+  return known;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
 }  // namespace
+
+std::vector<std::string> algorithms_for(const std::string& collective) {
+  auto it = algorithm_table().find(collective);
+  return it == algorithm_table().end() ? std::vector<std::string>{} : it->second;
+}
 
 Communicator::Communicator(Store& store, int rank, int size, const std::string& name,
                            double timeout_s)
@@ -36,6 +72,12 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
   if (rank < 0 || rank >= size) {
     throw InvalidArgument("rank " + std::to_string(rank) + " is outside the world of size " +
                           std::to_string(size));
+  }
+  const std::string& algo = config().algo;
+  const std::set<std::string> known = known_algorithms();
+  if (algo != "auto" && known.count(algo) == 0) {
+    throw InvalidArgument("WEFT_ALGO='" + algo + "' is not an algorithm: use auto or one of " +
+                          joined({known.begin(), known.end()}));
   }
   connect(store, name);
 }
@@ -145,11 +187,16 @@ Plan Communicator::make_plan(const PlanKey& key, DataType dtype) const {
   (void)elem_size;
   const PlanContext ctx = plan_context(dtype);
   switch (coll) {
-    case Coll::Allreduce:
-      if (count * ctx.elem_size <= config().small_bytes) {
+    case Coll::Allreduce: {
+      // The other collectives have one algorithm each; check_algorithm has
+      // already refused a WEFT_ALGO they do not have.
+      const std::string& forced = config().algo;
+      const bool small = count * ctx.elem_size <= config().small_bytes;
+      if (forced == "oneshot" || (forced == "auto" && small)) {
         return algo::oneshot_allreduce(ctx, count, in_place, finalize);
       }
       return algo::ring_allreduce(ctx, count, in_place, finalize);
+    }
     case Coll::ReduceScatter: return algo::ring_reduce_scatter(ctx, count, finalize);
     case Coll::Allgather: return algo::ring_allgather(ctx, count, in_place);
     case Coll::Broadcast: return algo::chain_broadcast(ctx, count, root);
@@ -234,6 +281,16 @@ void Communicator::check_root(int root, const char* what) const {
   }
 }
 
+void Communicator::check_algorithm(const char* collective) const {
+  const std::string& forced = config().algo;
+  if (forced == "auto") return;
+  const std::vector<std::string> algos = algorithms_for(collective);
+  if (std::find(algos.begin(), algos.end(), forced) == algos.end()) {
+    throw InvalidArgument(std::string(collective) + ": WEFT_ALGO=" + forced +
+                          " does not apply to it; its algorithms: " + joined(algos) + " (or auto)");
+  }
+}
+
 void Communicator::check_peer(int peer, const char* what, bool allow_any) const {
   if (allow_any && peer < 0) return;
   if (peer < 0 || peer >= size_ || peer == rank_) {
@@ -244,6 +301,7 @@ void Communicator::check_peer(int peer, const char* what, bool allow_any) const 
 
 std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t count,
                                               DataType dtype, ReduceOp op, bool async) {
+  check_algorithm("allreduce");
   PlanKey key{Coll::Allreduce, count, element_size(dtype), 0, in == out, op == ReduceOp::Avg};
   return submit("allreduce", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
@@ -251,6 +309,7 @@ std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t 
 
 std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, size_t count,
                                                    DataType dtype, ReduceOp op, bool async) {
+  check_algorithm("reduce_scatter");
   PlanKey key{Coll::ReduceScatter, count, element_size(dtype), 0, false, op == ReduceOp::Avg};
   return submit("reduce_scatter", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
@@ -258,6 +317,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, si
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
                                               DataType dtype, bool async) {
+  check_algorithm("allgather");
   const size_t elem = element_size(dtype);
   const bool in_place = in == static_cast<const char*>(out) + rank_ * count * elem;
   PlanKey key{Coll::Allgather, count, elem, 0, in_place, false};
@@ -267,6 +327,7 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
 
 std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType dtype, int root,
                                               bool async) {
+  check_algorithm("broadcast");
   check_root(root, "broadcast");
   PlanKey key{Coll::Broadcast, count, element_size(dtype), root, true, false};
   return submit("broadcast", buf, buf, dtype, ReduceOp::Sum, count * element_size(dtype), async,
@@ -275,6 +336,7 @@ std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType 
 
 std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType dtype,
                                            ReduceOp op, int root, bool async) {
+  check_algorithm("reduce");
   check_root(root, "reduce");
   PlanKey key{Coll::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
   return submit("reduce", in, out, dtype, op, count * element_size(dtype), async,
@@ -291,6 +353,7 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
                                              std::vector<size_t> send_counts,
                                              std::vector<size_t> recv_counts, DataType dtype,
                                              bool async) {
+  check_algorithm("alltoall");
   if (send_counts.size() != static_cast<size_t>(size_) ||
       recv_counts.size() != static_cast<size_t>(size_)) {
     throw InvalidArgument("alltoall: send and receive counts need one entry per rank (" +
@@ -310,6 +373,7 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
 
 std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType dtype,
                                            int root, bool async) {
+  check_algorithm("gather");
   check_root(root, "gather");
   auto plan = std::make_shared<Plan>(algo::direct_gather(plan_context(dtype), count, root));
   return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * count * element_size(dtype), async,
@@ -318,6 +382,7 @@ std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t cou
 
 std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType dtype,
                                             int root, bool async) {
+  check_algorithm("scatter");
   check_root(root, "scatter");
   auto plan = std::make_shared<Plan>(algo::direct_scatter(plan_context(dtype), count, root));
   return submit("scatter", in, out, dtype, ReduceOp::Sum, count * element_size(dtype), async,

@@ -27,6 +27,11 @@
 
 namespace weft {
 
+// The algorithms that can run `collective` ("allreduce", "reduce_scatter",
+// "allgather", "broadcast", "reduce", "alltoall", "gather", "scatter"), by the
+// names WEFT_ALGO takes and WEFT_DEBUG logs; empty for an unknown collective.
+std::vector<std::string> algorithms_for(const std::string& collective);
+
 class Communicator {
  public:
   // `name` keeps several communicators on one store apart. timeout_s <= 0
@@ -87,6 +92,9 @@ class Communicator {
   Plan make_plan(const PlanKey& key, DataType dtype) const;
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what, bool allow_any) const;
+  // Throws InvalidArgument when WEFT_ALGO forces an algorithm `collective`
+  // does not have.
+  void check_algorithm(const char* collective) const;
 
   // Queues a collective; `make` builds its Plan when it runs.
   template <typename MakePlan>

@@ -338,6 +338,11 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  m.def("algorithms", &weft::algorithms_for, py::arg("collective"),
+        "The algorithms that can run `collective` ('allreduce', 'reduce_scatter', 'allgather', "
+        "'broadcast', 'reduce', 'alltoall', 'gather', 'scatter'): the values WEFT_ALGO takes "
+        "besides 'auto'. Empty for an unknown collective.");
+
   py::class_<Handle>(m, "Handle", "The pending result of a call made with async_=True.")
       .def("wait", &Handle::wait, py::arg("timeout") = py::none(),
            "Waits for the operation (at most `timeout` seconds) and returns its result.")

@@ -79,6 +79,7 @@ Config parse() {
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
   c.small_bytes = env_long("WEFT_SMALL_BYTES", c.small_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);
+  if (const char* algo = env("WEFT_ALGO")) c.algo = algo;
   return c;
 }
 

@@ -24,6 +24,7 @@ struct Config {
   size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES
   size_t small_bytes = 16 * 1024;                     // WEFT_SMALL_BYTES: one-shot allreduce limit
   size_t streaming_bytes = 8 << 20;  // WEFT_STREAMING_BYTES: outputs this large bypass the cache
+  std::string algo = "auto";  // WEFT_ALGO: auto or an algorithm name (checked by the Communicator)
 };
 
 // The process-wide configuration, parsed from the environment on first use.

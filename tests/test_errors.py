@@ -344,6 +344,7 @@ ENV_CASES = {
     "WEFT_TIMEOUT_S=abc": ({"WEFT_TIMEOUT_S": "abc"}, None, "WEFT_TIMEOUT_S"),
     "WEFT_TRANSPORT=bogus": ({"WEFT_TRANSPORT": "bogus"}, None, "WEFT_TRANSPORT"),
     "WEFT_DEBUG=LOUD": ({"WEFT_DEBUG": "LOUD"}, None, "WEFT_DEBUG"),
+    "WEFT_ALGO=bogus": ({"WEFT_ALGO": "bogus"}, None, "WEFT_ALGO"),
 }
 
 

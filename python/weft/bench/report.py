@@ -72,7 +72,7 @@ def fmt_time(us: float) -> str:
     return f"{us:.2f}" if us < 10000 else f"{us:.0f}"
 
 
-def fmt_bw(x: float) -> str:
+def fmt_num(x: float) -> str:
     return f"{x:.2f}" if x >= 0.1 else f"{x:.3g}"
 
 
@@ -95,10 +95,10 @@ def comparison_block(op: str, records: list[dict], ratios: list[dict]) -> list[s
     bw = {(r["system"], r["bytes"]): r["busbw_GBps"] for r in mine}
     ratio = {(q["system"], q["peer"], q["bytes"]): q["ratio"] for q in ratios if q["op"] == op}
     for nbytes in sorted({r["bytes"] for r in mine}):
-        cells = [fmt_bw(bw[s, nbytes]) if (s, nbytes) in bw else "–" for s in systems]
+        cells = [fmt_num(bw[s, nbytes]) if (s, nbytes) in bw else "–" for s in systems]
         for a, b in pairs:
             x = ratio.get((a, b, nbytes))
-            cells.append(f"{x:.2f}" if x is not None else "–")
+            cells.append(fmt_num(x) if x is not None else "–")
         lines.append(" " + cols([nbytes, *cells], widths))
     return lines
 

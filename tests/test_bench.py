@@ -155,3 +155,38 @@ def test_under_torchrun_it_uses_the_launchers_ranks():
     assert "2 ranks (torchrun)" in proc.stdout
     assert proc.stdout.count("# weft: all_reduce") == 1  # rank 0 alone reports
     assert "# gloo: all_reduce" in proc.stdout
+
+
+def test_progress_bar_follows_the_ranks_steps(monkeypatch):
+    """The bar shows on a terminal and counts the steps rank 0 reports, launch after launch."""
+    import io
+    import time
+
+    from weft.bench.progress import Progress, step_writer
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    progress = Progress(4)
+    for name in ("weft", "gloo"):
+        step = step_writer(progress.launch(name, 2))
+        step()
+        step()
+        time.sleep(0.5)  # the bar polls every 0.2 s
+    progress.close()
+    assert "gloo: 100%" in terminal.getvalue()
+    assert "4/4" in terminal.getvalue()
+
+
+def test_progress_bar_is_quiet_off_a_terminal(monkeypatch):
+    import io
+
+    from weft.bench.progress import Progress
+
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    Progress(4).close()
+    assert pipe.getvalue() == ""

@@ -131,7 +131,8 @@ def measure(entries, plan, args, size, launcher) -> dict[str, list[dict]]:
     runs: dict[str, list[dict]] = {e.name: [] for e in entries}
     store = launch.rendezvous(launcher) if launcher else None
     on_rank0 = launcher is None or launcher.rank == 0
-    progress = Progress(sum(len(e.ops) for e in ready) * len(plan["sizes"]) * args.repeats)
+    total = sum(len(e.ops) for e in ready) * len(plan["sizes"]) * args.repeats
+    progress = Progress(total, shown=on_rank0)
     try:
         for repeat in range(args.repeats):
             shift = repeat % max(1, len(ready))

@@ -15,8 +15,10 @@ from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total: int):
-        self.bar = tqdm(total=total, unit="step", file=sys.stderr, disable=None, leave=False)
+    def __init__(self, total: int, shown: bool = True):
+        # disable=None: tqdm stays quiet when stderr is not a terminal.
+        disable = None if shown else True
+        self.bar = tqdm(total=total, unit="step", file=sys.stderr, disable=disable, leave=False)
         self.dir = tempfile.TemporaryDirectory(prefix="weft-bench-progress-")
         self.done = 0  # steps of the launches already finished
         self.path: Path | None = None

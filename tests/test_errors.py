@@ -282,11 +282,13 @@ def test_bad_construction(pools):
 
 
 def case_ranks_out_of_step(ctx, counts, timeout_s):
-    """Each rank allreduces its own count on a fresh communicator; returns what happened."""
+    """Each rank allreduces its own count on a fresh communicator; returns what happened.
+    The ring is forced so that both sizes run the same algorithm, as a tuner may not."""
     import weft
 
+    name = ctx.fresh_name("out-of-step")
     comm = weft.Communicator(
-        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("out-of-step"), timeout=timeout_s
+        ctx.store, ctx.rank, ctx.size, name=name, timeout=timeout_s, algo="ring"
     )
     buf = np.full(counts[ctx.rank], ctx.rank + 1, np.int32)
     info = outcome(lambda: comm.allreduce(buf))
@@ -344,6 +346,7 @@ ENV_CASES = {
     "WEFT_TIMEOUT_S=abc": ({"WEFT_TIMEOUT_S": "abc"}, None, "WEFT_TIMEOUT_S"),
     "WEFT_TRANSPORT=bogus": ({"WEFT_TRANSPORT": "bogus"}, None, "WEFT_TRANSPORT"),
     "WEFT_DEBUG=LOUD": ({"WEFT_DEBUG": "LOUD"}, None, "WEFT_DEBUG"),
+    "WEFT_ALGO=bogus": ({"WEFT_ALGO": "bogus"}, None, "WEFT_ALGO"),
 }
 
 

@@ -34,7 +34,11 @@ char transport_code(TransportChoice choice) {
 Communicator::Communicator(Store& store, int rank, int size, const std::string& name,
                            double timeout_s, const std::string& algorithm)
     : rank_(rank), size_(size), timeout_s_(timeout_s > 0 ? timeout_s : config().timeout_s) {
-  forced_algorithm_ = parse_algorithm(algorithm.empty() ? config().algo : algorithm);
+  try {
+    forced_algorithm_ = parse_algorithm(algorithm.empty() ? config().algo : algorithm);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(algorithm.empty() ? "WEFT_ALGO: " : "algo=: ") + e.what());
+  }
   if (size < 1) throw InvalidArgument("world size must be at least 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size) {
     throw InvalidArgument("rank " + std::to_string(rank) + " is outside the world of size " +
@@ -166,6 +170,16 @@ void Communicator::learn_topology() {
     if (entry.second != topology_.ranks_per_host) topology_.ranks_per_host = 0;
   }
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
+  if (forced_algorithm_ == Algorithm::Auto) return;
+  for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather,
+                       Collective::Broadcast, Collective::Reduce}) {
+    for (Algorithm a : algorithms_for(c, topology_)) {
+      if (a == forced_algorithm_) return;
+    }
+  }
+  throw InvalidArgument(std::string("algorithm ") + to_string(forced_algorithm_) +
+                        " (WEFT_ALGO or algo=) has no form on this world: hier needs ranks on "
+                        "several hosts, the same number on each");
 }
 
 Choice Communicator::choice(Collective c, size_t bytes) const {

@@ -347,6 +347,24 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  m.def(
+      "algorithms",
+      [](const std::string& collective, int hosts) {
+        std::vector<std::string> names;
+        if (collective == "alltoall" || collective == "gather" || collective == "scatter") {
+          return names;  // one algorithm each, not a choice
+        }
+        const weft::Topology world{2 * hosts, hosts, 2, hosts > 1};
+        for (weft::Algorithm a : weft::algorithms_for(weft::parse_collective(collective), world)) {
+          names.push_back(to_string(a));
+        }
+        return names;
+      },
+      py::arg("collective"), py::arg("hosts") = 1,
+      "The algorithm families WEFT_ALGO (or algo=) can force for `collective` ('allreduce', "
+      "'reduce_scatter', 'allgather', 'broadcast', 'reduce'; empty for 'alltoall', 'gather', "
+      "'scatter', which have one algorithm each) on ranks spread over `hosts` hosts.");
+
   py::class_<Handle>(m, "Handle", "The pending result of a call made with async_=True.")
       .def("wait", &Handle::wait, py::arg("timeout") = py::none(),
            "Waits for the operation (at most `timeout` seconds) and returns its result.")

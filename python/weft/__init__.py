@@ -12,6 +12,7 @@ from weft._C import (  # noqa: F401
     InvalidArgument,
     PeerError,
     TimeoutError,
+    algorithms,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "PeerError",
     "TimeoutError",
     "AbortedError",
+    "algorithms",
 ]

@@ -1,0 +1,207 @@
+"""weft-bench: bandwidth of weft's collectives, side by side with gloo, MPI and NCCL.
+
+Flags as in nccl-tests. Without a launcher it starts --np local ranks per system itself;
+under torchrun, srun or mpirun it uses their ranks. See the README's "Benchmark" section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from weft.bench import launch, lineup, report, results
+from weft.bench.machine import machine_info
+from weft.bench.ops import DTYPES, OPS
+from weft.bench.plot import plot
+from weft.bench.progress import Progress
+from weft.bench.sizes import parse_size, sweep
+
+TIMING = (
+    "per call, the mean over -n iterations started together after a barrier (nccl-tests' "
+    "method), of the slowest rank, in us; with repeats, the median over the launches"
+)
+BANDWIDTH = "algbw = size / time, busbw = algbw x the op's factor as in nccl-tests; GB = 1e9 B"
+
+
+def comma_list(choices):
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [x for x in items if choices is not None and x not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad}: choose from {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="weft-bench", description=__doc__.split("\n\n")[0])
+    add = p.add_argument
+    add("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="default 8")
+    add("-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="default 64M")
+    add("-f", "--stepfactor", type=int, default=2, help="default %(default)s")
+    add("-n", "--iters", type=int, default=20, help="timed iterations, default %(default)s")
+    add("-w", "--warmup_iters", type=int, default=5, help="default %(default)s")
+    add("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (#wrong)")
+    ops = ["all", *OPS]
+    add("-o", "--op", type=comma_list(ops), default=["all_reduce"], help=", ".join(ops))
+    add("-d", "--datatype", choices=list(DTYPES), default="float", help="default float")
+    add("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
+    add("--np", type=int, help="ranks to launch (default 2; under a launcher: its ranks)")
+    add("--vs", type=comma_list(lineup.PEERS), default=[], help="peers: gloo, mpi, nccl")
+    add(
+        "--algo",
+        type=comma_list(None),
+        default=[os.environ.get("WEFT_ALGO") or "auto"],
+        help="weft's algorithms (WEFT_ALGO), comma list or 'all'; default $WEFT_ALGO or auto",
+    )
+    add(
+        "--transport",
+        type=comma_list(["auto", "all", *lineup.TRANSPORTS]),
+        default=[os.environ.get("WEFT_TRANSPORT") or "auto"],
+        help="weft's transports (WEFT_TRANSPORT): auto, shm, tcp, all; default $WEFT_TRANSPORT",
+    )
+    add("--repeats", type=int, default=1, help="launches per system (median), interleaved")
+    add("--json", type=Path, help="write the report as JSON")
+    add("--csv", type=Path, help="write the results as CSV")
+    add("--plot", type=Path, help="write busbw against size as a PNG")
+    add("--timeout", type=float, default=900, help="seconds per launch, default %(default)s")
+    add("--mpirun", default="mpirun", help="the mpirun that starts MPI ranks")
+    args = p.parse_args(argv)
+    if "all" in args.op:
+        args.op = list(OPS)
+    if "all" in args.transport:
+        args.transport = list(lineup.TRANSPORTS)
+    if "all" in args.algo and len(args.algo) > 1:
+        p.error("--algo all stands alone")
+    if args.iters < 1 or args.warmup_iters < 0 or args.repeats < 1:
+        p.error("need -n >= 1, -w >= 0 and --repeats >= 1")
+    try:
+        args.sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    launcher = launch.detect()
+    if launcher and args.np not in (None, launcher.size):
+        sys.exit(f"weft-bench: --np {args.np}, but {launcher.name} started {launcher.size}")
+    size = launcher.size if launcher else (args.np or 2)
+    entries = lineup.weft_entries(args.algo, args.transport, args.op)
+    if launcher and len(entries) > 1:
+        sys.exit(
+            f"weft-bench: under {launcher.name}, one weft variant per run (weft reads WEFT_* "
+            "once per process); launch without a launcher for several --algo/--transport"
+        )
+    entries += [lineup.peer_entry(p, args.op, size, launcher, args.mpirun) for p in args.vs]
+    plan = {
+        "sizes": args.sizes,
+        "dtype": args.datatype,
+        "iters": args.iters,
+        "warmup": args.warmup_iters,
+        "check": bool(args.check),
+        "root": args.root,
+    }
+    runs = measure(entries, plan, args, size, launcher)
+    if launcher and launcher.rank != 0:
+        return 0
+    full = build_report(entries, runs, plan, args, size, launcher, argv)
+    print(report.table(full), end="")
+    if args.json:
+        report.write_json(full, args.json)
+    if args.csv:
+        report.write_csv(full["results"], args.csv)
+    if args.plot:
+        plot(full, args.plot)
+    wrong = any(r["wrong"] for r in full["results"])
+    failed = any(e.status == "failed" for e in entries)
+    return 1 if wrong or failed else 0
+
+
+def measure(entries, plan, args, size, launcher) -> dict[str, list[dict]]:
+    """Runs every ready system --repeats times, interleaved (the order rotates each round so
+    that a drift in background load hits all alike); returns each system's launches."""
+    ready = [e for e in entries if e.status == "ok"]
+    runs: dict[str, list[dict]] = {e.name: [] for e in entries}
+    store = launch.rendezvous(launcher) if launcher else None
+    on_rank0 = launcher is None or launcher.rank == 0
+    total = sum(len(e.ops) for e in ready) * len(plan["sizes"]) * args.repeats
+    progress = Progress(total, shown=on_rank0)
+    try:
+        for repeat in range(args.repeats):
+            shift = repeat % max(1, len(ready))
+            for e in ready[shift:] + ready[:shift]:
+                if e.status != "ok":
+                    continue
+                steps = len(e.ops) * len(plan["sizes"])
+                path = progress.launch(e.name, steps) if on_rank0 else None
+                job = {"plan": {**plan, "ops": e.ops}, "progress": path}
+                try:
+                    if launcher:
+                        os.environ.update(e.env)  # weft reads it at its first communicator
+                        key = f"bench/{e.name}/{repeat}"
+                        out = launch.run_in_process(e.kind, job, launcher, store, key)
+                    else:
+                        out = launch.run_local(e.kind, e.env, job, size, args.timeout, args.mpirun)
+                except Exception as exc:
+                    if launcher:
+                        raise  # the launcher stops the other ranks
+                    e.status, e.reason = "failed", last_line(str(exc))
+                    print(f"weft-bench: {e.name} failed:\n{exc}", file=sys.stderr)
+                    continue
+                if out is not None:
+                    if "library" in out:
+                        e.info["library"] = out["library"]
+                    runs[e.name].append(results.combine_ranks(out["per_rank"]))
+    finally:
+        progress.close()
+    return runs
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def build_report(entries, runs, plan, args, size, launcher, argv) -> dict:
+    records = []
+    for e in entries:
+        if runs[e.name]:
+            refused = {op: why for run in runs[e.name] for op, why in run["refused"].items()}
+            notes = {n for run in runs[e.name] for n in run["unsupported"]}
+            e.info.update(refused=refused, unsupported=sorted(notes))
+            records += results.finish(e.name, runs[e.name], plan, size)
+    weft_names = [e.name for e in entries if e.kind == "weft"]
+    peers = [e.name for e in entries if e.kind != "weft"]
+    config = {
+        **plan,
+        "world_size": size,
+        "launcher": launcher.name if launcher else "launched here",
+        "ops": args.op,
+        "repeats": args.repeats,
+        "timing": TIMING,
+        "bandwidth": BANDWIDTH,
+    }
+    return {
+        "command": " ".join(["weft-bench", *argv]),
+        "machine": machine_info(args.mpirun),
+        "config": config,
+        "systems": [e.describe() for e in entries],
+        "results": records,
+        "ratios": results.ratios(records, weft_names, peers),
+    }
+
+
+def run() -> None:
+    """The console script."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        traceback.print_exc(limit=0)
+        sys.exit(130)

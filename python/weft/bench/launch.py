@@ -1,0 +1,143 @@
+"""Getting ranks: launched here (local processes, or mpirun for MPI), or given by an outside
+launcher (torchrun, srun, mpirun) whose environment names this process's rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from weft import local
+from weft.bench import systems
+from weft.bench.progress import step_writer
+from weft.bench.timing import run_plan
+
+
+@dataclass
+class Launcher:
+    """An outside launcher's view of this process."""
+
+    name: str
+    rank: int
+    size: int
+    local_rank: int
+
+
+def detect() -> Launcher | None:
+    """torchrun, srun or mpirun from their environment variables; None when run by hand."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        name = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
+        return Launcher(name, int(env["RANK"]), int(env["WORLD_SIZE"]), local_rank("LOCAL_RANK"))
+    if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:  # srun (not the batch script)
+        size = int(env["SLURM_STEP_NUM_TASKS"])
+        return Launcher("srun", int(env["SLURM_PROCID"]), size, local_rank("SLURM_LOCALID"))
+    if "OMPI_COMM_WORLD_RANK" in env:
+        size = int(env["OMPI_COMM_WORLD_SIZE"])
+        rank, local = int(env["OMPI_COMM_WORLD_RANK"]), "OMPI_COMM_WORLD_LOCAL_RANK"
+        return Launcher("mpirun", rank, size, local_rank(local))
+    return None
+
+
+def local_rank(var: str) -> int:
+    return int(os.environ.get(var, "0"))
+
+
+def rendezvous(launcher: Launcher):
+    """The launcher's store: torchrun's own, or one at MASTER_ADDR:MASTER_PORT (default
+    127.0.0.1:29500) that rank 0 hosts."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("RANK", str(launcher.rank))
+    os.environ.setdefault("WORLD_SIZE", str(launcher.size))
+    store, _, _ = next(dist.rendezvous("env://"))
+    return store
+
+
+# ---- ranks launched here --------------------------------------------------------------------
+
+
+def rank_main(rank: int, size: int, store, job: dict) -> dict:
+    """One spawned rank (weft.local.spawn): the plan over one system."""
+    system = systems.create(job["kind"], rank, size, store, rank)
+    step = step_writer(job["progress"] if rank == 0 else None)
+    out = run_plan(system, job["plan"], rank, size, step)
+    system.close()
+    leave_together(store, rank, size)
+    return out
+
+
+def leave_together(store, rank: int, size: int, timeout_s: float = 30) -> None:
+    """Rank 0 hosts the store: it stays until every rank is done with it."""
+    store.add("bench/done", 1)
+    deadline = time.monotonic() + timeout_s
+    while rank == 0 and store.add("bench/done", 0) < size and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def run_local(kind: str, env: dict, job: dict, size: int, timeout: float, mpirun: str) -> dict:
+    """Runs `job` on `size` fresh local ranks; returns {"per_rank": [...], "library": ...}."""
+    job = {**job, "kind": kind}
+    if kind == "mpi":
+        return run_mpirun(job, size, timeout, mpirun)
+    per_rank = local.spawn(rank_main, size, job, env=env, timeout=timeout)
+    return {"per_rank": per_rank}
+
+
+def mpirun_command(mpirun: str, size: int) -> list[str]:
+    # OpenMPI refuses root without --allow-run-as-root, and more ranks than cores without
+    # --oversubscribe. Placement is left at OpenMPI's default, as its users run it.
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [mpirun, *root, "--oversubscribe", "-np", str(size)]
+
+
+def run_mpirun(job: dict, size: int, timeout: float, mpirun: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="weft-bench-mpi-") as tmp:
+        job_path, out_path = Path(tmp, "job.json"), Path(tmp, "out.json")
+        job_path.write_text(json.dumps(job))
+        worker = [sys.executable, "-m", "weft.bench.mpi_rank", str(job_path), str(out_path)]
+        run_bounded(mpirun_command(mpirun, size) + worker, timeout)
+        return json.loads(out_path.read_text())
+
+
+def run_bounded(cmd: list[str], timeout: float) -> None:
+    """Runs cmd in its own process group; kills the whole group on timeout."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TimeoutError(f"{cmd[0]} still running after {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-3000:]}")
+
+
+# ---- ranks given by an outside launcher -----------------------------------------------------
+
+
+def run_in_process(kind: str, job: dict, launcher: Launcher, store, key: str) -> dict | None:
+    """Runs `job` over one system in this process; rank 0 gets every rank's output (through
+    the store), the other ranks None."""
+    import torch.distributed as dist
+
+    rank, size = launcher.rank, launcher.size
+    scoped = dist.PrefixStore(key, store)
+    system = systems.create(kind, rank, size, scoped, launcher.local_rank)
+    step = step_writer(job["progress"] if rank == 0 else None)
+    out = run_plan(system, job["plan"], rank, size, step)
+    system.close()
+    scoped.set(f"out/{rank}", json.dumps(out))
+    if rank != 0:
+        return None
+    return {"per_rank": [json.loads(scoped.get(f"out/{r}")) for r in range(size)]}

@@ -1,0 +1,90 @@
+"""Which systems a run measures: the weft variants (--algo x --transport) and the peers of
+--vs, each either ready or skipped with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from dataclasses import dataclass, field
+
+from weft.bench.launch import Launcher
+from weft.bench.ops import OPS
+
+PEERS = ("gloo", "mpi", "nccl")
+TRANSPORTS = ("shm", "tcp")
+
+
+@dataclass
+class Entry:
+    name: str  # as tables, JSON and the plot show it
+    kind: str  # weft, gloo, mpi or nccl
+    ops: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    status: str = "ok"  # ok, skipped or failed
+    reason: str | None = None
+    info: dict = field(default_factory=dict)  # what the launch reported (e.g. MPI's library)
+
+    def describe(self) -> dict:
+        """The entry as the JSON "systems" list has it."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "env": self.env,
+            "status": self.status,
+            "reason": self.reason,
+            **self.info,
+        }
+
+
+def weft_entries(algos: list[str], transports: list[str], ops: list[str]) -> list[Entry]:
+    """One entry per (algorithm, transport). With --algo all, every algorithm weft has for
+    the ops asked, each measured on the ops it applies to; a named algorithm runs every op,
+    and weft refuses the ops it does not apply to (reported with weft's message)."""
+    import weft
+
+    every = algos == ["all"]
+    if every:
+        algos = list(dict.fromkeys(a for op in ops for a in weft.algorithms(OPS[op].collective)))
+    entries = []
+    for algo in algos:
+        applies = [op for op in ops if algo in weft.algorithms(OPS[op].collective)]
+        runs = applies if every else ops
+        for transport in transports:
+            name = "weft" + ("" if transport == "auto" else f"-{transport}")
+            name += "" if algo == "auto" else f"[{algo}]"
+            env = {"WEFT_ALGO": algo, "WEFT_TRANSPORT": transport}
+            entries.append(Entry(name, "weft", runs, env))
+    return entries
+
+
+def peer_entry(peer: str, ops: list[str], ranks: int, launcher: Launcher | None, mpirun: str):
+    entry = Entry(peer, peer, ops)
+    entry.reason = unavailable(peer, ranks, launcher, mpirun)
+    if entry.reason:
+        entry.status = "skipped"
+    return entry
+
+
+def unavailable(peer: str, ranks: int, launcher: Launcher | None, mpirun: str) -> str | None:
+    """Why `peer` cannot run here, or None."""
+    import torch
+    import torch.distributed as dist
+
+    if peer == "gloo":
+        if not dist.is_available() or not dist.is_gloo_available():
+            return "this torch has no gloo backend"
+    elif peer == "mpi":
+        if importlib.util.find_spec("mpi4py") is None:
+            return "mpi4py is not installed (pip install mpi4py)"
+        if launcher is None and shutil.which(mpirun) is None:
+            return f"{mpirun} not found (apt-get install openmpi-bin, or --mpirun PATH)"
+        if launcher is not None and launcher.name != "mpirun":
+            return f"MPI ranks must be started by mpirun, not {launcher.name}"
+    elif peer == "nccl":
+        if not torch.cuda.is_available():
+            return "no CUDA device (torch.cuda.is_available() is False)"
+        if not dist.is_nccl_available():
+            return "this torch has no NCCL"
+        if launcher is None and torch.cuda.device_count() < ranks:
+            return f"{ranks} ranks need {ranks} GPUs, found {torch.cuda.device_count()}"
+    return None

@@ -1,0 +1,93 @@
+"""From raw per-rank timings to the records the reports show.
+
+A launch's time per call at one (op, size, form) is its slowest rank's; #wrong is the sum over
+ranks. With --repeats, the reported time is the median over the launches, whose times are kept
+in `time_us_runs`. Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time,
+busbw = algbw x the op's factor (ops.Op.bus_factor).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from weft.bench.ops import OPS
+
+KEY = ("op", "bytes", "in_place")
+
+
+def combine_ranks(per_rank: list[dict]) -> dict:
+    """One launch: every rank's run_plan() output -> one output, slowest rank's times."""
+    first = per_rank[0]
+    records = []
+    for at_ranks in zip(*(out["records"] for out in per_rank)):
+        record = dict(at_ranks[0])
+        record["time_s"] = max(r["time_s"] for r in at_ranks)
+        wrongs = [r["wrong"] for r in at_ranks]
+        record["wrong"] = None if None in wrongs else sum(wrongs)
+        records.append(record)
+    return {**first, "records": records}
+
+
+def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
+    """The records of one system over its launches (median time), with bandwidths."""
+    by_key: dict[tuple, list[dict]] = {}
+    for run in runs:
+        for record in run["records"]:
+            by_key.setdefault(tuple(record[k] for k in KEY), []).append(record)
+    out = []
+    for same in by_key.values():
+        op = OPS[same[0]["op"]]
+        times = [r["time_s"] for r in same]
+        wrongs = [r["wrong"] for r in same]
+        t = statistics.median(times)
+        algbw = same[0]["bytes"] / t / 1e9
+        out.append(
+            {
+                "system": system,
+                "op": op.name,
+                "bytes": same[0]["bytes"],
+                "count": same[0]["count"],
+                "dtype": plan["dtype"],
+                "redop": "sum" if op.reduces else None,
+                "root": plan["root"] if op.rooted else -1,
+                "in_place": same[0]["in_place"],
+                "time_us": sig(t * 1e6),
+                "algbw_GBps": sig(algbw),
+                "busbw_GBps": sig(algbw * op.bus_factor(n)),
+                "wrong": None if None in wrongs else sum(wrongs),
+                "time_us_runs": [sig(x * 1e6) for x in times],
+            }
+        )
+    return out
+
+
+def ratios(records: list[dict], weft_systems: list[str], peers: list[str]) -> list[dict]:
+    """busbw of each weft system / each peer's, per op and size, in the op's compared form."""
+    at = {
+        (r["system"], r["op"], r["bytes"]): r
+        for r in records
+        if r["in_place"] == OPS[r["op"]].compared_in_place
+    }
+    out = []
+    for (system, op, nbytes), mine in at.items():
+        if system not in weft_systems:
+            continue
+        for peer in peers:
+            theirs = at.get((peer, op, nbytes))
+            if theirs:
+                ratio = sig(theirs["time_us"] / mine["time_us"])  # = busbw ratio
+                out.append(
+                    {
+                        "op": op,
+                        "bytes": nbytes,
+                        "in_place": mine["in_place"],
+                        "system": system,
+                        "peer": peer,
+                        "ratio": ratio,
+                    }
+                )
+    return out
+
+
+def sig(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")

@@ -1,0 +1,181 @@
+"""The systems weft-bench compares, as seen from inside one rank.
+
+Each adapter turns (op, form, input, output) into a zero-argument call with the op's NCCL
+semantics, so that the one timing loop (timing.py) drives every system alike. A form a system's
+API does not offer raises Unsupported; `refusals` are the errors a system raises, on every rank
+alike and before any byte moves, for an op it will not run (weft: a WEFT_ALGO that does not
+apply to the op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+Call = Callable[[], object]
+
+
+class Unsupported(Exception):
+    """This system's API has no such form of the op."""
+
+
+class System:
+    label = "?"
+    device = "cpu"
+    refusals: tuple[type[BaseException], ...] = ()
+
+    def bind(self, op: str, in_place: bool, inp, out, root: int) -> Call:
+        make = self.calls(root).get((op, in_place))
+        if make is None:
+            form = "in-place" if in_place else "out-of-place"
+            raise Unsupported(f"{self.label} has no {form} {op}")
+        return make(inp, out)
+
+    def calls(self, root: int) -> dict[tuple[str, bool], Callable[..., Call]]:
+        """(op, in_place) -> (input, output) -> the call."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Waits until the calls issued so far are done (device streams)."""
+
+    def close(self) -> None:
+        pass
+
+
+class Weft(System):
+    label = "weft"
+
+    def __init__(self, rank: int, size: int, store):
+        import os
+
+        import weft
+
+        self.comm = weft.Communicator(store, rank, size, name="bench")
+        self.refusals = (weft.InvalidArgument,)
+        self.algo = os.environ.get("WEFT_ALGO", "auto")
+        self.hosts = self.comm.topology.hosts
+
+    def bind(self, op, in_place, inp, out, root):
+        """weft runs a forced family only where it has one; the benchmark refuses the rest
+        rather than label another algorithm's figures with its name."""
+        import weft
+        from weft.bench.ops import OPS
+
+        collective = OPS[op].collective
+        if self.algo != "auto" and self.algo not in weft.algorithms(collective, self.hosts):
+            runs = ", ".join(weft.algorithms(collective, self.hosts)) or "its one algorithm"
+            raise weft.InvalidArgument(f"WEFT_ALGO={self.algo} has no {collective}: it runs {runs}")
+        return super().bind(op, in_place, inp, out, root)
+
+    def calls(self, root):
+        c = self.comm
+        both = {
+            "all_reduce": lambda i, o: lambda: c.allreduce(i, out=o),
+            "reduce_scatter": lambda i, o: lambda: c.reduce_scatter(i, out=o),
+            "all_gather": lambda i, o: lambda: c.allgather(i, out=o),
+            "reduce": lambda i, o: lambda: c.reduce(i, root=root, out=o),
+        }
+        table = {(op, f): make for op, make in both.items() for f in (False, True)}
+        table["broadcast", True] = lambda i, o: lambda: c.broadcast(o, root=root)
+        table["all_to_all", False] = lambda i, o: lambda: c.alltoall(i, o)
+        return table
+
+    def barrier(self):
+        self.comm.barrier()
+
+
+class TorchDistributed(System):
+    """gloo, or NCCL on GPUs, through torch.distributed."""
+
+    def __init__(self, rank: int, size: int, store, backend: str, device: str = "cpu"):
+        import torch.distributed as dist
+
+        self.dist, self.label, self.device = dist, backend, device
+        if device != "cpu":
+            torch.cuda.set_device(device)
+        prefixed = dist.PrefixStore(f"bench/{backend}", store)
+        dist.init_process_group(backend, store=prefixed, rank=rank, world_size=size)
+
+    def calls(self, root):
+        d = self.dist
+        # torch 2.13 renamed the *_into_tensor / *_tensor forms.
+        all_gather = getattr(d, "all_gather_single", None) or d.all_gather_into_tensor
+        reduce_scatter = getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor
+        return {
+            ("all_reduce", True): lambda i, o: lambda: d.all_reduce(o),
+            ("reduce_scatter", False): lambda i, o: lambda: reduce_scatter(o, i),
+            ("reduce_scatter", True): lambda i, o: lambda: reduce_scatter(o, i),
+            ("all_gather", False): lambda i, o: lambda: all_gather(o, i),
+            ("all_gather", True): lambda i, o: lambda: all_gather(o, i),
+            ("broadcast", True): lambda i, o: lambda: d.broadcast(o, root),
+            ("reduce", True): lambda i, o: lambda: d.reduce(o, root),
+            ("all_to_all", False): lambda i, o: lambda: d.all_to_all_single(o, i),
+        }
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def sync(self):
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class Mpi(System):
+    """OpenMPI (or any MPI) through mpi4py; runs only in processes started by mpirun."""
+
+    label = "mpi"
+    DTYPES = {torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64}
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+
+    def bind(self, op, in_place, inp, out, root):
+        if inp.dtype not in self.DTYPES:
+            raise Unsupported(f"MPI has no reduction type for {inp.dtype}")
+        return super().bind(op, in_place, inp.numpy(), out.numpy(), root)
+
+    def calls(self, root):
+        c, IN_PLACE = self.comm, self.MPI.IN_PLACE
+        at_root = c.rank == root
+        return {
+            ("all_reduce", False): lambda i, o: lambda: c.Allreduce(i, o),
+            ("all_reduce", True): lambda i, o: lambda: c.Allreduce(IN_PLACE, o),
+            # MPI's in-place reduce-scatter leaves the result at the start of the buffer, not
+            # in the rank's block: not NCCL's in-place form, so not measured.
+            ("reduce_scatter", False): lambda i, o: lambda: c.Reduce_scatter_block(i, o),
+            ("all_gather", False): lambda i, o: lambda: c.Allgather(i, o),
+            ("all_gather", True): lambda i, o: lambda: c.Allgather(IN_PLACE, o),
+            ("broadcast", True): lambda i, o: lambda: c.Bcast(o, root=root),
+            ("reduce", False): lambda i, o: lambda: c.Reduce(i, o, root=root),
+            ("reduce", True): lambda i, o: (
+                (lambda: c.Reduce(IN_PLACE, o, root=root))
+                if at_root
+                else (lambda: c.Reduce(i, None, root=root))
+            ),
+            ("all_to_all", False): lambda i, o: lambda: c.Alltoall(i, o),
+        }
+
+    def barrier(self):
+        self.comm.Barrier()
+
+
+def create(kind: str, rank: int, size: int, store, local_rank: int) -> System:
+    """The adapter of a system kind in this rank (the environment is already set)."""
+    if kind == "weft":
+        return Weft(rank, size, store)
+    if kind == "gloo":
+        return TorchDistributed(rank, size, store, "gloo")
+    if kind == "nccl":
+        return TorchDistributed(rank, size, store, "nccl", f"cuda:{local_rank}")
+    if kind == "mpi":
+        return Mpi()
+    raise ValueError(f"unknown system {kind!r}")

@@ -1,0 +1,77 @@
+"""The measurement loop every system runs, in every rank, on the same plan.
+
+Per op, size and form: one checked call on patterned inputs (with -c), `warmup` untimed calls
+on zeroed buffers (zeros stay zeros however often they are reduced), the system's barrier, then
+`iters` timed calls, the clock stopped once the last one is done. A rank's time per call is the
+elapsed time / iters (nccl-tests' mean); the caller takes the slowest rank's (results.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from weft.bench import ops
+from weft.bench.systems import System, Unsupported
+
+
+def run_plan(system: System, plan: dict, rank: int, size: int, step: Callable[[], None]) -> dict:
+    """This rank's measurements of `plan` (see cli.make_plan) over `system`.
+
+    Returns {"records": [...], "refused": {op: reason}, "unsupported": [reasons]}; the records
+    come in the same order on every rank. `step()` is called once per (op, size).
+    """
+    dtype = ops.DTYPES[plan["dtype"]]
+    elem_size = dtype.itemsize
+    out = {"records": [], "refused": {}, "unsupported": []}
+    for op_name in plan["ops"]:
+        op = ops.OPS[op_name]
+        for nbytes in plan["sizes"]:
+            shape = ops.shape(op, nbytes, size, elem_size)
+            if shape.block > 0 and op_name not in out["refused"]:
+                try:
+                    for in_place in op.forms():
+                        record = measure(system, op, in_place, shape, plan, rank, size, out)
+                        if record:
+                            out["records"].append(record)
+                except system.refusals as e:
+                    out["refused"][op_name] = str(e)
+            step()
+    system.barrier()
+    return out
+
+
+def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
+    dtype, root, device = ops.DTYPES[plan["dtype"]], plan["root"], system.device
+    inp, output = ops.buffers(op, in_place, shape, size, rank, dtype, device)
+    try:
+        call = system.bind(op.name, in_place, inp, output, root)
+    except Unsupported as e:
+        if str(e) not in out["unsupported"]:
+            out["unsupported"].append(str(e))
+        return None
+    wrong = None
+    if plan["check"]:
+        inp.copy_(ops.pattern(rank, 0, inp.numel(), device))
+        call()
+        system.sync()
+        wrong = ops.count_wrong(output, ops.expected(op, shape, size, rank, root, device))
+    inp.zero_()
+    output.zero_()
+    for _ in range(plan["warmup"]):
+        call()
+    system.sync()
+    system.barrier()
+    start = time.perf_counter()
+    for _ in range(plan["iters"]):
+        call()
+    system.sync()
+    elapsed = time.perf_counter() - start
+    return {
+        "op": op.name,
+        "bytes": shape.count * dtype.itemsize,
+        "count": shape.count,
+        "in_place": in_place,
+        "time_s": elapsed / max(1, plan["iters"]),
+        "wrong": wrong,
+    }

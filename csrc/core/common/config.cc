@@ -77,7 +77,6 @@ Config parse() {
   c.tcp_slots = env_long("WEFT_TCP_SLOTS", c.tcp_slots);
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
-  c.small_bytes = env_long("WEFT_SMALL_BYTES", c.small_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);
   if (const char* algo = env("WEFT_ALGO")) c.algo = algo;
   if (const char* tune = env("WEFT_TUNE")) c.tune = tune;

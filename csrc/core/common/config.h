@@ -22,7 +22,6 @@ struct Config {
   int tcp_slots = 4;                                  // WEFT_TCP_SLOTS
   bool shm_cma = false;                               // WEFT_SHM_CMA=1: process_vm_readv transfers
   size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES
-  size_t small_bytes = 16 * 1024;                     // WEFT_SMALL_BYTES: one-shot allreduce limit
   size_t streaming_bytes = 8 << 20;  // WEFT_STREAMING_BYTES: outputs this large bypass the cache
   std::string algo = "auto";         // WEFT_ALGO: auto or an algorithm family
   std::string tune = "measure";      // WEFT_TUNE: measure | off | <cost model file>

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import pytest
 import weft
-from test_collectives import case_allreduce, case_broadcast, case_reduce
+from test_collectives import (
+    case_allgather,
+    case_allreduce,
+    case_broadcast,
+    case_reduce,
+    case_reduce_scatter,
+)
 from weft_pool import COMM_TIMEOUT_S
 from weft_ref import DTYPES, OPS, assert_no_mismatch
 
@@ -27,8 +33,16 @@ FAMILIES = {
     "allreduce": ("ring", "tree", "rd", "rhd", "oneshot", "hier"),
     "broadcast": ("chain", "tree"),
     "reduce": ("chain", "tree"),
+    "reduce_scatter": ("ring", "rhd"),
+    "allgather": ("ring", "rhd"),
 }
-CASES = {"allreduce": case_allreduce, "broadcast": case_broadcast, "reduce": case_reduce}
+CASES = {
+    "allreduce": case_allreduce,
+    "broadcast": case_broadcast,
+    "reduce": case_reduce,
+    "reduce_scatter": case_reduce_scatter,
+    "allgather": case_allgather,
+}
 
 
 def case_forced(ctx, collective, algo, dtypes, ops, counts):
@@ -46,11 +60,14 @@ def case_forced(ctx, collective, algo, dtypes, ops, counts):
         ctx.comm = main
 
 
-def applies(algo: str, size: int, transport: str) -> bool:
-    """hier needs several hosts with the same number of ranks each."""
-    if algo != "hier":
-        return True
-    return transport == "tcp-small" or (transport == "hosts-of-2" and size % 2 == 0)
+def applies(collective: str, algo: str, size: int, transport: str) -> bool:
+    """hier needs several hosts with the same number of ranks each; rhd's reduce-scatter and
+    allgather need a power-of-two world; ring is what test_collectives covers for those two."""
+    if algo == "hier":
+        return transport == "tcp-small" or (transport == "hosts-of-2" and size % 2 == 0)
+    if collective in ("reduce_scatter", "allgather"):
+        return algo == "rhd" and size & (size - 1) == 0
+    return True
 
 
 PARAMS = [
@@ -58,7 +75,7 @@ PARAMS = [
     for n, t in WORLDS
     for c, algos in FAMILIES.items()
     for a in algos
-    if applies(a, n, t) and n > 1 or (n == 1 and a in ("ring", "chain"))
+    if applies(c, a, n, t) and n > 1 or (n == 1 and a in ("ring", "chain"))
 ]
 
 

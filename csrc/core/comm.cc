@@ -215,8 +215,13 @@ Plan Communicator::make_plan(const PlanKey& key, DataType dtype) const {
         case Algorithm::Hier: return algo::hierarchical_allreduce(ctx, count, in_place, finalize);
         default: return algo::ring_allreduce(ctx, count, in_place, finalize);
       }
-    case Collective::ReduceScatter: return algo::ring_reduce_scatter(ctx, count, finalize);
-    case Collective::Allgather: return algo::ring_allgather(ctx, count, in_place);
+    case Collective::ReduceScatter:
+      if (choice.algorithm == Algorithm::Rhd)
+        return algo::halving_reduce_scatter(ctx, count, finalize);
+      return algo::ring_reduce_scatter(ctx, count, finalize);
+    case Collective::Allgather:
+      if (choice.algorithm == Algorithm::Rhd) return algo::doubling_allgather(ctx, count, in_place);
+      return algo::ring_allgather(ctx, count, in_place);
     case Collective::Broadcast:
       if (choice.algorithm == Algorithm::Tree) return algo::binomial_broadcast(ctx, count, root);
       return algo::chain_broadcast(ctx, count, root);

@@ -63,6 +63,10 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
 Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
                                   bool finalize);
 Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
+// Recursive halving reduce-scatter and recursive doubling allgather, for
+// power-of-two worlds (same contracts as the ring forms).
+Plan halving_reduce_scatter(const PlanContext& ctx, size_t count, bool finalize);
+Plan doubling_allgather(const PlanContext& ctx, size_t count, bool in_place);
 // Reduce-scatter among the ranks of each host, allreduce of each shard among
 // the ranks holding it on every host, allgather inside each host. Needs the
 // same number of ranks on every host (throws InvalidArgument otherwise).

@@ -166,3 +166,56 @@ Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place,
 }
 
 }  // namespace weft::algo
+
+namespace weft::algo {
+
+Plan halving_reduce_scatter(const PlanContext& ctx, size_t count, bool finalize) {
+  const int n = ctx.size, r = ctx.rank;
+  if (n == 1) return ring_reduce_scatter(ctx, count, finalize);
+  Plan plan;
+  plan.algorithm = "rhd";
+  // Halves of the block range [lo, hi) live in Input at first, then in
+  // Scratch (which holds the first half kept, n/2 blocks), and the last
+  // block lands in Output.
+  const size_t first_lo = (r & (n / 2)) != 0 ? n / 2 : 0;
+  plan.scratch_count = n / 2 * count;
+  auto blocks = [&](Buf buf, size_t lo, size_t hi) {
+    if (buf == Buf::Output) return Span{Buf::Output, 0, count};
+    const size_t base = buf == Buf::Scratch ? first_lo : 0;
+    return Span{buf, (lo - base) * count, (hi - lo) * count};
+  };
+  size_t lo = 0, hi = n;
+  Buf cur = Buf::Input;
+  for (int mask = n / 2; mask >= 1; mask /= 2) {
+    const size_t mid = (lo + hi) / 2;
+    const bool upper = (r & mask) != 0;
+    const size_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
+    const size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
+    const Buf next = mask == 1 ? Buf::Output : Buf::Scratch;
+    Step s = exchange(r ^ mask, blocks(cur, give_lo, give_hi), blocks(next, keep_lo, keep_hi));
+    s.operand = blocks(cur, keep_lo, keep_hi);
+    s.finalize = finalize && mask == 1;
+    plan.steps.push_back(s);
+    lo = keep_lo;
+    hi = keep_hi;
+    cur = next;
+  }
+  return plan;
+}
+
+Plan doubling_allgather(const PlanContext& ctx, size_t count, bool in_place) {
+  const int n = ctx.size, r = ctx.rank;
+  Plan plan;
+  plan.algorithm = "rhd";
+  if (!in_place)
+    add_copy(plan.steps, Span{Buf::Input, 0, count}, Span{Buf::Output, r * count, count});
+  for (int mask = 1; mask < n; mask *= 2) {
+    const size_t mine = static_cast<size_t>(r) / mask * mask;
+    const size_t theirs = static_cast<size_t>(r ^ mask) / mask * mask;
+    plan.steps.push_back(exchange(r ^ mask, Span{Buf::Output, mine * count, mask * count},
+                                  Span{Buf::Output, theirs * count, mask * count}));
+  }
+  return plan;
+}
+
+}  // namespace weft::algo

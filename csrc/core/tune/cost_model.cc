@@ -29,8 +29,12 @@ bool has_form(Algorithm a, Collective c, const Topology& topo) {
     case Algorithm::Tree:
       return c == Collective::Allreduce || c == Collective::Broadcast || c == Collective::Reduce;
     case Algorithm::Chain: return c == Collective::Broadcast || c == Collective::Reduce;
-    case Algorithm::Rd:
     case Algorithm::Rhd:
+      // The reduce-scatter and allgather forms need a power-of-two world.
+      return c == Collective::Allreduce ||
+             ((c == Collective::ReduceScatter || c == Collective::Allgather) &&
+              (topo.size & (topo.size - 1)) == 0);
+    case Algorithm::Rd:
     case Algorithm::Oneshot: return c == Collective::Allreduce;
     case Algorithm::Hier:
       return c == Collective::Allreduce && topo.hosts > 1 && topo.ranks_per_host > 0;
@@ -173,8 +177,16 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
         default: break;
       }
       break;
-    case Collective::ReduceScatter: return (n - 1) * msg(flat, S) + (n - 1) * S * g;
-    case Collective::Allgather: return (n - 1) * msg(flat, S);
+    case Collective::ReduceScatter:
+      if (a == Algorithm::Rhd) {
+        return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * (shared.beta_s_per_b + g);
+      }
+      return (n - 1) * (msg(flat, S) + S * g);
+    case Collective::Allgather:
+      if (a == Algorithm::Rhd) {
+        return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * shared.beta_s_per_b;
+      }
+      return (n - 1) * msg(flat, S);
     case Collective::Broadcast:
       if (a == Algorithm::Chain) return (n - 1) * flat.alpha_s + S * flat.beta_s_per_b;
       return log2_ceil(topo.size) * msg(shared, S);

@@ -11,7 +11,13 @@ TORCH ?= torch==2.13.0
 RESULTS = bench/results
 BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 3 --vs gloo,mpi
 
-.PHONY: install install-peers lint test bench bench-results
+# The algorithm sweeps (bench/results/algos_tcp_np*.*, hier_2x2_1gbit.*): every allreduce
+# family over tcp with 4 and 8 ranks against gloo and OpenMPI, and across two namespace
+# "hosts" whose links tc limits to 1 Gbit/s (needs root).
+ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e 256M -f 8 \
+	-n 5 -w 2 --vs gloo,mpi
+
+.PHONY: install install-peers lint test bench bench-results bench-algorithms
 
 install:
 	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib tqdm \
@@ -39,3 +45,12 @@ bench-results: install install-peers
 		$(PYTHON) -m weft.bench $(BENCH_SWEEP) --np $$np --json $(RESULTS)/ws$$np.json \
 			--plot $(RESULTS)/ws$$np.png > $(RESULTS)/ws$$np.txt || exit 1; \
 	done
+
+bench-algorithms: install install-peers
+	for np in 4 8; do \
+		$(PYTHON) -m weft.bench $(ALGO_SWEEP) --np $$np --json $(RESULTS)/algos_tcp_np$$np.json \
+			--plot $(RESULTS)/algos_tcp_np$$np.png > $(RESULTS)/algos_tcp_np$$np.txt || exit 1; \
+	done
+	$(PYTHON) bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 -b 64K -e 64M \
+		--json $(RESULTS)/hier_2x2_1gbit.json --plot $(RESULTS)/hier_2x2_1gbit.png \
+		> $(RESULTS)/hier_2x2_1gbit.md

@@ -38,8 +38,8 @@ def run_once(net, args, algo: str | None, out: Path) -> dict:
         env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
         env["WEFT_ALGO"] = algo or "auto"
         env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
-        quiet = {"stdout": subprocess.DEVNULL} if rank else {}
-        procs.append(net.spawn(rank // args.per_host, bench, env, **quiet))
+        # The reports come back as JSON; the summary is what this script prints.
+        procs.append(net.spawn(rank // args.per_host, bench, env, stdout=subprocess.DEVNULL))
     for proc in procs:
         if proc.wait(timeout=args.timeout) != 0:
             sys.exit(f"weft-bench failed (algo {algo}): exit {proc.returncode}")

@@ -1,9 +1,11 @@
 """weft: collective communication for PyTorch.
 
-``weft.Communicator`` is the torch-free core API over any writable
-C-contiguous buffer (numpy arrays, CPU torch tensors).
+``import weft`` registers the torch.distributed backend ``"weft"``
+(``dist.init_process_group("weft")``). ``weft.Communicator`` is the torch-free
+core API over any writable C-contiguous buffer (numpy arrays, CPU torch tensors).
 """
 
+from weft._backend import register as _register_backend
 from weft._C import (  # noqa: F401
     AbortedError,
     Communicator,
@@ -13,6 +15,8 @@ from weft._C import (  # noqa: F401
     PeerError,
     TimeoutError,
 )
+
+_register_backend()
 
 __all__ = [
     "Communicator",

@@ -5,6 +5,7 @@
 core API over any writable C-contiguous buffer (numpy arrays, CPU torch tensors).
 """
 
+from weft._backend import monitored_barrier
 from weft._backend import register as _register_backend
 from weft._C import (  # noqa: F401
     AbortedError,
@@ -26,4 +27,5 @@ __all__ = [
     "PeerError",
     "TimeoutError",
     "AbortedError",
+    "monitored_barrier",
 ]

@@ -678,6 +678,30 @@ def case_timeout(ctx):
     return outcome
 
 
+def case_monitored_barrier_missing_ranks(ctx, wait_all_ranks):
+    """The last rank (and rank 1 too with wait_all_ranks, from 3 ranks up) skips a monitored
+    barrier on fresh weft and gloo groups: rank 0 names them as gloo does, every rank that
+    came raises, after the barrier's timeout."""
+    import weft
+
+    groups(ctx)
+    skipping = {ctx.size - 1} | ({1} if wait_all_ranks and ctx.size > 2 else set())
+    outcomes = {}
+    for backend, barrier in (("weft", weft.monitored_barrier), ("gloo", dist.monitored_barrier)):
+        group = dist.new_group(backend=backend)
+        if ctx.rank not in skipping:
+            start = time.monotonic()
+            try:
+                barrier(group, timeout=timedelta(seconds=1), wait_all_ranks=wait_all_ranks)
+                outcomes[backend] = ("returned", "", 0.0)
+            except RuntimeError as exc:
+                message = str(exc).split("\n")[0] if ctx.rank == 0 else ""
+                outcomes[backend] = ("raised", message, time.monotonic() - start)
+        dist.barrier(group=groups(ctx).gloo)
+        dist.destroy_process_group(group)
+    return outcomes
+
+
 def case_ddp(ctx):
     """DDP constructs and trains over weft; parameters agree across ranks and with gloo."""
     t = Twins(ctx)
@@ -723,6 +747,19 @@ CASES = {
 @world_params
 def test_against_gloo(pools, size, transport, case):
     assert_same(pools.get(size, transport).run(CASES[case]))
+
+
+@pytest.mark.parametrize("wait_all_ranks", [False, True])
+@world_params
+def test_monitored_barrier_missing_ranks(pools, size, transport, wait_all_ranks):
+    per_rank = pools.get(size, transport).run(case_monitored_barrier_missing_ranks, wait_all_ranks)
+    for rank, outcomes in enumerate(per_rank):
+        if not outcomes:
+            continue  # a rank that skipped
+        weft_kind, weft_message, weft_elapsed = outcomes["weft"]
+        assert weft_kind == "raised", (rank, outcomes)
+        assert weft_message == outcomes["gloo"][1], (rank, outcomes)
+        assert 0.9 <= weft_elapsed <= 4, (rank, outcomes)
 
 
 @world_params

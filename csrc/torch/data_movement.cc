@@ -74,33 +74,23 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_into_tensor_coalesced(
   check_count(inputs.size(), outputs.size(), what, "input tensors (one per output)");
   check_cpu(outputs, what);
   check_cpu(inputs, what);
-  std::vector<at::Tensor> ins, outs, keep_alive;
-  std::vector<std::function<void()>> copies;
   for (size_t i = 0; i < outputs.size(); ++i) {
     TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type(), "weft ", what,
                 ": output and input tensors must have the same type");
     TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * size_, "weft ", what,
                 ": output tensor size must be equal to world_size times input tensor size");
-    ins.push_back(inputs[i].contiguous());
-    outs.push_back(outputs[i].contiguous());
-    keep_alive.insert(keep_alive.end(), {ins.back(), outs.back()});
-    if (auto copy = copy_back(outputs[i], outs.back())) copies.push_back(std::move(copy));
   }
-  std::function<void()> finish;
-  if (!copies.empty()) {
-    finish = [copies] {
-      for (const auto& copy : copies) copy();
-    };
-  }
-  return launch(c10d::OpType::COALESCED, is_async(opts, 0), outputs, std::move(keep_alive),
-                std::move(finish), [&](bool a) {
-                  Works works;
-                  for (size_t i = 0; i < ins.size(); ++i) {
-                    works.push_back(comm_->allgather(ins[i].data_ptr(), outs[i].data_ptr(),
-                                                     ins[i].nbytes(), DataType::UInt8, a));
-                  }
-                  return works;
-                });
+  StagedPairs staged = stage_pairs(inputs, outputs);
+  return launch(
+      c10d::OpType::COALESCED, is_async(opts, 0), outputs, staged.keep_alive, staged.finish,
+      [&](bool a) {
+        Works works;
+        for (size_t i = 0; i < staged.ins.size(); ++i) {
+          works.push_back(comm_->allgather(staged.ins[i].data_ptr(), staged.outs[i].data_ptr(),
+                                           staged.ins[i].nbytes(), DataType::UInt8, a));
+        }
+        return works;
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_coalesced(

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <functional>
+#include <vector>
 
 namespace weft::backend {
 
@@ -44,6 +45,32 @@ inline void check_root(int64_t root, int size, const char* what) {
 inline std::function<void()> copy_back(const at::Tensor& tensor, const at::Tensor& dense) {
   if (dense.is_same(tensor)) return {};
   return [tensor, dense]() mutable { tensor.copy_(dense); };
+}
+
+// Contiguous stand-ins for inputs and outputs paired by index, and the step
+// that copies the outputs' stand-ins back (empty when there is none).
+struct StagedPairs {
+  std::vector<at::Tensor> ins, outs;
+  std::vector<at::Tensor> keep_alive;
+  std::function<void()> finish;
+};
+
+inline StagedPairs stage_pairs(const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& outputs) {
+  StagedPairs staged;
+  std::vector<std::function<void()>> copies;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    staged.ins.push_back(inputs[i].contiguous());
+    staged.outs.push_back(outputs[i].contiguous());
+    staged.keep_alive.insert(staged.keep_alive.end(), {staged.ins.back(), staged.outs.back()});
+    if (auto copy = copy_back(outputs[i], staged.outs.back())) copies.push_back(std::move(copy));
+  }
+  if (!copies.empty()) {
+    staged.finish = [copies] {
+      for (const auto& copy : copies) copy();
+    };
+  }
+  return staged;
 }
 
 inline size_t count_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }

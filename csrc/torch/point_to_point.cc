@@ -14,11 +14,13 @@ namespace {
 // Tag of the monitored barrier's messages, out of the way of user tags.
 constexpr uint32_t kMonitoredBarrierTag = 0xFFFFFF00u;
 
-const at::Tensor& single_contiguous(const std::vector<at::Tensor>& tensors, const char* what) {
+// `role` ("input", "output") names the tensor in errors, as gloo does.
+const at::Tensor& single_contiguous(const std::vector<at::Tensor>& tensors, const char* what,
+                                    const char* role) {
   check_count(tensors.size(), 1, what, "tensor");
   check_cpu(tensors, what);
-  TORCH_CHECK(tensors[0].is_contiguous(), "weft ", what, ": ",
-              std::string(what) == "send" ? "input" : "output", " tensor has to be contiguous");
+  TORCH_CHECK(tensors[0].is_contiguous(), "weft ", what, ": ", role,
+              " tensor has to be contiguous");
   return tensors[0];
 }
 
@@ -26,7 +28,7 @@ const at::Tensor& single_contiguous(const std::vector<at::Tensor>& tensors, cons
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::send(std::vector<at::Tensor>& tensors, int dst_rank,
                                                  int tag) {
-  const at::Tensor& t = single_contiguous(tensors, "send");
+  const at::Tensor& t = single_contiguous(tensors, "send", "input");
   return launch(c10d::OpType::SEND, /*async=*/true, {}, {t}, {}, [&](bool a) {
     return Works{comm_->send(t.data_ptr(), t.nbytes(), dst_rank, static_cast<uint32_t>(tag), a)};
   });
@@ -34,7 +36,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::send(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensors, int src_rank,
                                                  int tag) {
-  const at::Tensor& t = single_contiguous(tensors, "recv");
+  const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECV, /*async=*/true, tensors, {t}, {}, [&](bool a) {
     return Works{comm_->recv(t.data_ptr(), t.nbytes(), src_rank, static_cast<uint32_t>(tag), a)};
   });
@@ -42,7 +44,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                           int tag) {
-  const at::Tensor& t = single_contiguous(tensors, "recv");
+  const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECVANYSOURCE, /*async=*/true, tensors, {t}, {}, [&](bool a) {
     return Works{comm_->recv(t.data_ptr(), t.nbytes(), -1, static_cast<uint32_t>(tag), a)};
   });

@@ -135,47 +135,35 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensors(
   check_count(inputs.size(), outputs.size(), what, "input tensors (one per output)");
   check_cpu(outputs, what);
   check_cpu(inputs, what);
-  std::vector<at::Tensor> ins, outs, keep_alive;
   std::vector<Reduction> hows;
-  std::vector<std::function<void()>> copies;
   for (size_t i = 0; i < outputs.size(); ++i) {
     TORCH_CHECK(inputs[i].scalar_type() == outputs[i].scalar_type(), "weft ", what,
                 ": input and output tensors must have the same type");
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_, "weft ", what,
                 ": input tensor must be the same size as output size times world size");
     hows.push_back(plan_reduction(outputs[i].scalar_type(), opts.reduceOp));
-    if (!hows.back().native) {
-      TORCH_CHECK(outputs.size() == 1, "weft ", what,
-                  ": coalesced calls support SUM, AVG, "
-                  "PRODUCT, MIN and MAX only");
-      at::Tensor out = outputs[0];
-      const int rank = rank_;
-      return gather_then(type, is_async(opts, 0), inputs[0].reshape({size_, -1}), outputs,
-                         [out, rank, op = opts.reduceOp](const at::Tensor& gathered) mutable {
-                           at::Tensor mine = reduce_locally(gathered.select(1, rank), op);
-                           out.copy_(mine.view(out.sizes()));
-                         });
+  }
+  if (!hows.empty() && !hows[0].native) {
+    TORCH_CHECK(outputs.size() == 1, "weft ", what,
+                ": coalesced calls support SUM, AVG, PRODUCT, MIN and MAX only");
+    at::Tensor out = outputs[0];
+    const int rank = rank_;
+    return gather_then(type, is_async(opts, 0), inputs[0].reshape({size_, -1}), outputs,
+                       [out, rank, op = opts.reduceOp](const at::Tensor& gathered) mutable {
+                         at::Tensor mine = reduce_locally(gathered.select(1, rank), op);
+                         out.copy_(mine.view(out.sizes()));
+                       });
+  }
+  StagedPairs staged = stage_pairs(inputs, outputs);
+  return launch(type, is_async(opts, 0), outputs, staged.keep_alive, staged.finish, [&](bool a) {
+    Works works;
+    for (size_t i = 0; i < staged.ins.size(); ++i) {
+      works.push_back(comm_->reduce_scatter(staged.ins[i].data_ptr(), staged.outs[i].data_ptr(),
+                                            count_of(staged.outs[i]), hows[i].dtype, hows[i].op,
+                                            a));
     }
-    ins.push_back(inputs[i].contiguous());
-    outs.push_back(outputs[i].contiguous());
-    keep_alive.insert(keep_alive.end(), {ins.back(), outs.back()});
-    if (auto copy = copy_back(outputs[i], outs.back())) copies.push_back(std::move(copy));
-  }
-  std::function<void()> finish;
-  if (!copies.empty()) {
-    finish = [copies] {
-      for (const auto& copy : copies) copy();
-    };
-  }
-  return launch(
-      type, is_async(opts, 0), outputs, std::move(keep_alive), std::move(finish), [&](bool a) {
-        Works works;
-        for (size_t i = 0; i < ins.size(); ++i) {
-          works.push_back(comm_->reduce_scatter(ins[i].data_ptr(), outs[i].data_ptr(),
-                                                count_of(outs[i]), hows[i].dtype, hows[i].op, a));
-        }
-        return works;
-      });
+    return works;
+  });
 }
 
 }  // namespace weft::backend

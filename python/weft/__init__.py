@@ -1,9 +1,12 @@
 """weft: collective communication for PyTorch.
 
-``weft.Communicator`` is the torch-free core API over any writable
-C-contiguous buffer (numpy arrays, CPU torch tensors).
+``import weft`` registers the torch.distributed backend ``"weft"``
+(``dist.init_process_group("weft")``). ``weft.Communicator`` is the torch-free
+core API over any writable C-contiguous buffer (numpy arrays, CPU torch tensors).
 """
 
+from weft._backend import monitored_barrier
+from weft._backend import register as _register_backend
 from weft._C import (  # noqa: F401
     AbortedError,
     Communicator,
@@ -15,6 +18,8 @@ from weft._C import (  # noqa: F401
     algorithms,
 )
 
+_register_backend()
+
 __all__ = [
     "Communicator",
     "Handle",
@@ -24,4 +29,5 @@ __all__ = [
     "TimeoutError",
     "AbortedError",
     "algorithms",
+    "monitored_barrier",
 ]

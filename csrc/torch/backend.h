@@ -1,0 +1,105 @@
+// weft as a torch.distributed backend: a c10d::Backend over one core
+// Communicator per process group. It maps tensors to (pointer, count,
+// element type), runs the core's operation (blocking calls on the caller's
+// thread, asynchronous ones on the communicator's worker) and returns a
+// BackendWork whose future holds the output tensors.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <vector>
+
+#include "core/comm.h"
+#include "store_adapter.h"
+
+namespace weft::backend {
+
+class WeftBackend : public c10d::Backend {
+ public:
+  // `name` keeps the communicators of several groups on one store apart.
+  WeftBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
+              const std::string& name);
+  ~WeftBackend() override;
+
+  const std::string getBackendName() const override { return "weft"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+ private:
+  using Works = std::vector<std::shared_ptr<weft::Work>>;
+  // Starts the core operation(s) with start(async). A blocking call runs
+  // `finish` and returns a finished Work; an asynchronous one returns a Work
+  // that runs `finish` once the core is done, holding `keep_alive` until then.
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, bool async,
+                                        std::vector<at::Tensor> outputs,
+                                        std::vector<at::Tensor> keep_alive,
+                                        std::function<void()> finish,
+                                        const std::function<Works(bool async)>& start);
+  // Gathers every rank's `contribution`; `deliver` receives them stacked
+  // along a new first dimension. For reductions the core has no kernel for.
+  c10::intrusive_ptr<c10d::Work> gather_then(
+      c10d::OpType type, bool async, const at::Tensor& contribution,
+      std::vector<at::Tensor> outputs, std::function<void(const at::Tensor& gathered)> deliver);
+
+  // _reduce_scatter_base and reduce_scatter_tensor_coalesced.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensors(std::vector<at::Tensor>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::ReduceScatterOptions& opts,
+                                                        c10d::OpType type);
+
+  StoreAdapter store_;
+  // One byte per rank for the monitored barrier's messages.
+  std::vector<char> monitored_barrier_bytes_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+}  // namespace weft::backend

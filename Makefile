@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 .PHONY: install install-peers lint test bench
 
 install:
-	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib \
+	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib scikit-learn \
 		scikit-build-core pybind11 cmake ninja
 	$(PIP) install -q --no-build-isolation --no-deps .
 
@@ -20,8 +20,8 @@ install-peers:
 
 lint:
 	clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h' '*.cu')
-	$(PYTHON) -m ruff check python tests bench tools
-	$(PYTHON) -m ruff format --check python tests bench tools
+	$(PYTHON) -m ruff check python tests bench tools examples
+	$(PYTHON) -m ruff format --check python tests bench tools examples
 
 test: install lint
 	$(PYTHON) -m pytest -q -ra

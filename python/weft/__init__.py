@@ -1,7 +1,8 @@
 """weft: collective communication for PyTorch.
 
 ``weft.Communicator`` is the torch-free core API over any writable
-C-contiguous buffer (numpy arrays, CPU torch tensors).
+C-contiguous buffer (numpy arrays, CPU torch tensors). ``weft.DistributedDataParallel`` and the
+Horovod-style ``broadcast_parameters`` / ``broadcast_optimizer_state`` are for training with torch.
 """
 
 from weft._C import (  # noqa: F401
@@ -13,6 +14,8 @@ from weft._C import (  # noqa: F401
     PeerError,
     TimeoutError,
 )
+from weft.broadcast import broadcast_optimizer_state, broadcast_parameters
+from weft.ddp import DistributedDataParallel
 
 __all__ = [
     "Communicator",
@@ -22,4 +25,7 @@ __all__ = [
     "PeerError",
     "TimeoutError",
     "AbortedError",
+    "DistributedDataParallel",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
 ]

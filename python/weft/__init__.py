@@ -1,10 +1,13 @@
 """weft: collective communication for PyTorch.
 
-``weft.Communicator`` is the torch-free core API over any writable
-C-contiguous buffer (numpy arrays, CPU torch tensors). ``weft.DistributedDataParallel`` and the
-Horovod-style ``broadcast_parameters`` / ``broadcast_optimizer_state`` are for training with torch.
+``import weft`` registers the torch.distributed backend ``"weft"``
+(``dist.init_process_group("weft")``). ``weft.Communicator`` is the torch-free
+core API over any writable C-contiguous buffer (numpy arrays, CPU torch tensors).
+``weft.DistributedDataParallel`` and the Horovod-style ``broadcast_parameters`` /
+``broadcast_optimizer_state`` are for training with torch.
 """
 
+from weft._backend import register as _register_backend
 from weft._C import (  # noqa: F401
     AbortedError,
     Communicator,
@@ -16,6 +19,8 @@ from weft._C import (  # noqa: F401
 )
 from weft.broadcast import broadcast_optimizer_state, broadcast_parameters
 from weft.ddp import DistributedDataParallel
+
+_register_backend()
 
 __all__ = [
     "Communicator",

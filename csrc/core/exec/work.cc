@@ -24,12 +24,26 @@ void Work::wait(double timeout_s) const {
 }
 
 void Work::complete(std::exception_ptr error) {
+  std::function<void(std::exception_ptr)> callback;
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
     error_ = error;
+    callback = std::move(on_complete_);
   }
   cv_.notify_all();
+  if (callback) callback(error);
+}
+
+void Work::on_complete(std::function<void(std::exception_ptr)> fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_) {
+    on_complete_ = std::move(fn);
+    return;
+  }
+  std::exception_ptr error = error_;
+  lock.unlock();
+  fn(error);
 }
 
 }  // namespace weft

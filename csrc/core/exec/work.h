@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 
 namespace weft {
@@ -20,6 +21,9 @@ class Work {
   void set_source(int rank) { source_ = rank; }
 
   void complete(std::exception_ptr error = nullptr);
+  // Runs fn(error) once the operation has finished: at once if it already
+  // has, else on the thread that completes it. One callback per Work.
+  void on_complete(std::function<void(std::exception_ptr)> fn);
 
  private:
   mutable std::mutex mu_;
@@ -27,6 +31,7 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   int source_ = -1;
+  std::function<void(std::exception_ptr)> on_complete_;
 };
 
 }  // namespace weft

@@ -1,0 +1,157 @@
+#include "tensors.h"
+
+#include <string>
+
+namespace weft::backend {
+namespace {
+
+const char* op_name(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: return "SUM";
+    case c10d::ReduceOp::AVG: return "AVG";
+    case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case c10d::ReduceOp::MIN: return "MIN";
+    case c10d::ReduceOp::MAX: return "MAX";
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+DataType core_type(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DataType::Float32;
+    case at::kDouble: return DataType::Float64;
+    case at::kHalf: return DataType::Float16;
+    case at::kBFloat16: return DataType::BFloat16;
+    case at::kChar: return DataType::Int8;
+    case at::kByte: return DataType::UInt8;
+    case at::kBool: return DataType::UInt8;
+    case at::kInt: return DataType::Int32;
+    case at::kLong: return DataType::Int64;
+    default: TORCH_CHECK(false, "Invalid scalar type");
+  }
+}
+
+ReduceOp core_op(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: return ReduceOp::Sum;
+    case c10d::ReduceOp::AVG: return ReduceOp::Avg;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::Prod;
+    case c10d::ReduceOp::MIN: return ReduceOp::Min;
+    default: return ReduceOp::Max;
+  }
+}
+
+// Booleans reduce as bytes 0/1: sum and max are "or", product and min "and".
+ReduceOp bool_op(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::MAX:
+    case c10d::ReduceOp::BOR: return ReduceOp::Max;
+    default: return ReduceOp::Min;
+  }
+}
+
+}  // namespace
+
+Reduction plan_reduction(at::ScalarType type, const c10d::ReduceOp& op) {
+  const auto kind = op.op_;
+  TORCH_CHECK(kind != c10d::ReduceOp::PREMUL_SUM && kind != c10d::ReduceOp::UNUSED,
+              "Cannot use ReduceOp.", op_name(kind), " with weft");
+  const DataType dtype = core_type(type);
+  const bool bitwise =
+      kind == c10d::ReduceOp::BAND || kind == c10d::ReduceOp::BOR || kind == c10d::ReduceOp::BXOR;
+  TORCH_CHECK(!bitwise || !at::isFloatingType(type), "Cannot use ReduceOp.", op_name(kind),
+              " with non-integral dtype");
+  if (type == at::kBool) {
+    const bool native = kind != c10d::ReduceOp::BXOR && kind != c10d::ReduceOp::AVG;
+    return {native, dtype, bool_op(kind)};
+  }
+  return {!bitwise, dtype, core_op(kind)};
+}
+
+at::Tensor reduce_locally(const at::Tensor& gathered, const c10d::ReduceOp& op) {
+  at::Tensor acc = gathered[0].clone();
+  const int64_t n = gathered.size(0);
+  for (int64_t i = 1; i < n; ++i) {
+    const at::Tensor next = gathered[i];
+    switch (op.op_) {
+      case c10d::ReduceOp::SUM:
+      case c10d::ReduceOp::AVG: acc.add_(next); break;
+      case c10d::ReduceOp::PRODUCT: acc.mul_(next); break;
+      case c10d::ReduceOp::MIN: at::minimum_out(acc, acc, next); break;
+      case c10d::ReduceOp::MAX: at::maximum_out(acc, acc, next); break;
+      case c10d::ReduceOp::BAND: acc.bitwise_and_(next); break;
+      case c10d::ReduceOp::BOR: acc.bitwise_or_(next); break;
+      default: acc.bitwise_xor_(next); break;
+    }
+  }
+  if (op.op_ == c10d::ReduceOp::AVG) {
+    if (at::isFloatingType(acc.scalar_type())) {
+      acc.div_(n);
+    } else {
+      acc.div_(n, "trunc");
+    }
+  }
+  return acc;
+}
+
+at::Tensor bytes_of(const at::Tensor& tensor) {
+  return at::from_blob(tensor.data_ptr(), {static_cast<int64_t>(tensor.nbytes())},
+                       at::TensorOptions().dtype(at::kByte));
+}
+
+at::Tensor packed_bytes(at::TensorList tensors, bool copy_in) {
+  int64_t total = 0;
+  bool back_to_back = true;
+  const char* base = tensors.empty() ? nullptr : static_cast<const char*>(tensors[0].data_ptr());
+  for (const at::Tensor& t : tensors) {
+    back_to_back = back_to_back && t.is_contiguous() && t.data_ptr() == base + total &&
+                   t.storage().is_alias_of(tensors[0].storage());
+    total += static_cast<int64_t>(t.nbytes());
+  }
+  if (back_to_back && !tensors.empty()) {
+    return at::from_blob(const_cast<char*>(base), {total}, at::TensorOptions().dtype(at::kByte));
+  }
+  at::Tensor packed = at::empty({total}, at::TensorOptions().dtype(at::kByte));
+  if (copy_in) {
+    int64_t offset = 0;
+    for (const at::Tensor& t : tensors) {
+      const int64_t n = static_cast<int64_t>(t.nbytes());
+      if (n == 0) continue;
+      packed.narrow(0, offset, n).copy_(bytes_of(t.contiguous()));
+      offset += n;
+    }
+  }
+  return packed;
+}
+
+void unpack_bytes(const at::Tensor& packed, at::TensorList tensors) {
+  const char* base = static_cast<const char*>(packed.data_ptr());
+  int64_t offset = 0;
+  for (const at::Tensor& t : tensors) {
+    const int64_t n = static_cast<int64_t>(t.nbytes());
+    if (n > 0 && t.data_ptr() != base + offset) {
+      const at::Tensor src = packed.narrow(0, offset, n);
+      if (t.is_contiguous()) {
+        bytes_of(t).copy_(src);
+      } else {
+        const_cast<at::Tensor&>(t).copy_(src.view(t.scalar_type()).view(t.sizes()));
+      }
+    }
+    offset += n;
+  }
+}
+
+void check_cpu(at::TensorList tensors, const char* what) {
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.device().is_cpu(), "weft ", what, ": expected CPU tensors, got a tensor on ",
+                t.device());
+    TORCH_CHECK(t.layout() == at::kStrided, "weft ", what, ": only dense tensors are supported");
+  }
+}
+
+}  // namespace weft::backend

@@ -41,6 +41,7 @@ def group_for(ctx, backend: str) -> dist.ProcessGroup:
         )
     if backend not in _groups:
         _groups[backend] = dist.new_group(backend=backend)
+    assert dist.get_backend(_groups[backend]) == backend
     return _groups[backend]
 
 

@@ -23,11 +23,21 @@ def init_process_group_from_env() -> None:
 
 
 class CompressionState:
-    """What the compression hook needs: the group to reduce over and the wire dtype."""
+    """What the compression hook needs: the group to reduce over, the wire dtype, and one
+    wire-dtype buffer per bucket, reused every step (a fresh tensor each step costs page
+    faults that take longer than the cast itself)."""
 
     def __init__(self, group: dist.ProcessGroup, dtype: torch.dtype):
         self.group = group
         self.dtype = dtype
+        self.wire_buffers: dict[int, torch.Tensor] = {}
+
+    def wire_buffer(self, bucket: dist.GradBucket) -> torch.Tensor:
+        wire = self.wire_buffers.get(bucket.index())
+        if wire is None or wire.numel() != bucket.buffer().numel():  # buckets get rebuilt
+            wire = torch.empty_like(bucket.buffer(), dtype=self.dtype)
+            self.wire_buffers[bucket.index()] = wire
+        return wire
 
 
 def compressed_allreduce_hook(
@@ -37,9 +47,10 @@ def compressed_allreduce_hook(
 
     (Annotations stay real objects, not strings: DDP checks them when the hook is registered.)"""
     buffer = bucket.buffer()
+    wire = state.wire_buffer(bucket)
     # Divide before the cast: one rounding instead of two, and fp16 sums cannot overflow.
-    compressed = buffer.div_(state.group.size()).to(state.dtype)
-    work = dist.all_reduce(compressed, group=state.group, async_op=True)
+    wire.copy_(buffer.div_(state.group.size()))
+    work = dist.all_reduce(wire, group=state.group, async_op=True)
 
     def decompress(future: torch.futures.Future) -> torch.Tensor:
         buffer.copy_(future.value()[0])

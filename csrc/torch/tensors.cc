@@ -67,33 +67,26 @@ Reduction plan_reduction(at::ScalarType type, const c10d::ReduceOp& op) {
   TORCH_CHECK(!bitwise || !at::isFloatingType(type), "Cannot use ReduceOp.", op_name(kind),
               " with non-integral dtype");
   if (type == at::kBool) {
-    const bool native = kind != c10d::ReduceOp::BXOR && kind != c10d::ReduceOp::AVG;
-    return {native, dtype, bool_op(kind)};
+    TORCH_CHECK(kind != c10d::ReduceOp::AVG, "Cannot use ReduceOp.AVG with bool dtype");
+    return {kind != c10d::ReduceOp::BXOR, dtype, bool_op(kind)};
   }
   return {!bitwise, dtype, core_op(kind)};
 }
 
 at::Tensor reduce_locally(const at::Tensor& gathered, const c10d::ReduceOp& op) {
+  TORCH_CHECK(op.op_ != c10d::ReduceOp::AVG, "weft: AVG is never reduced locally");
   at::Tensor acc = gathered[0].clone();
   const int64_t n = gathered.size(0);
   for (int64_t i = 1; i < n; ++i) {
     const at::Tensor next = gathered[i];
     switch (op.op_) {
-      case c10d::ReduceOp::SUM:
-      case c10d::ReduceOp::AVG: acc.add_(next); break;
+      case c10d::ReduceOp::SUM: acc.add_(next); break;
       case c10d::ReduceOp::PRODUCT: acc.mul_(next); break;
       case c10d::ReduceOp::MIN: at::minimum_out(acc, acc, next); break;
       case c10d::ReduceOp::MAX: at::maximum_out(acc, acc, next); break;
       case c10d::ReduceOp::BAND: acc.bitwise_and_(next); break;
       case c10d::ReduceOp::BOR: acc.bitwise_or_(next); break;
       default: acc.bitwise_xor_(next); break;
-    }
-  }
-  if (op.op_ == c10d::ReduceOp::AVG) {
-    if (at::isFloatingType(acc.scalar_type())) {
-      acc.div_(n);
-    } else {
-      acc.div_(n, "trunc");
     }
   }
   return acc;

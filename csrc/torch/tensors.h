@@ -23,7 +23,8 @@ struct Reduction {
 // element types without reduction kernels.
 Reduction plan_reduction(at::ScalarType type, const c10d::ReduceOp& op);
 
-// Reduces the contributions stacked along dim 0 of `gathered` with `op`.
+// Reduces the contributions stacked along dim 0 of `gathered` with `op`
+// (not AVG: the core averages, and lists of tensors refuse it).
 at::Tensor reduce_locally(const at::Tensor& gathered, const c10d::ReduceOp& op);
 
 // The memory of a contiguous tensor as a flat uint8 tensor (no copy).

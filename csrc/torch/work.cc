@@ -7,6 +7,12 @@
 
 namespace weft::backend {
 
+void run_finishing_step(const std::function<void()>& finish) {
+  if (!finish) return;
+  at::AutoDispatchBelowADInplaceOrView no_autograd;
+  finish();
+}
+
 BackendWork::BackendWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int source)
     : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source) {
   completed_ = true;
@@ -47,11 +53,9 @@ void BackendWork::core_work_done(std::exception_ptr error, int source) {
     if (--pending_ > 0) return;
     error = first_error_;
   }
-  if (!error && finish_) {
+  if (!error) {
     try {
-      // Finishing copies write into the caller's tensors, not tracked by autograd.
-      at::AutoDispatchBelowADInplaceOrView no_autograd;
-      finish_();
+      run_finishing_step(finish_);
     } catch (...) {
       error = std::current_exception();
     }

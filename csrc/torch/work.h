@@ -45,4 +45,8 @@ class BackendWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// Runs an operation's finishing step (copies into the caller's tensors),
+// outside autograd; nothing when `finish` is empty.
+void run_finishing_step(const std::function<void()>& finish);
+
 }  // namespace weft::backend

@@ -7,6 +7,7 @@ core API over any writable C-contiguous buffer (numpy arrays, CPU torch tensors)
 ``broadcast_optimizer_state`` are for training with torch.
 """
 
+from weft._backend import monitored_barrier
 from weft._backend import register as _register_backend
 from weft._C import (  # noqa: F401
     AbortedError,
@@ -30,6 +31,7 @@ __all__ = [
     "PeerError",
     "TimeoutError",
     "AbortedError",
+    "monitored_barrier",
     "DistributedDataParallel",
     "broadcast_parameters",
     "broadcast_optimizer_state",

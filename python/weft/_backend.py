@@ -26,3 +26,17 @@ def register() -> None:
     if not dist.is_available() or NAME in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(NAME, _create_backend, extended_api=True, devices=["cpu"])
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """``torch.distributed.monitored_barrier`` for weft groups (torch's own accepts only gloo).
+
+    Rank 0 waits up to ``timeout`` (default: the group's timeout) for every other rank and
+    raises naming the first one that did not arrive, or all of them with ``wait_all_ranks``.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    if c10d._rank_not_in_group(group):
+        return
+    group = group or c10d._get_default_group()
+    group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

@@ -20,7 +20,7 @@ ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e
 .PHONY: install install-peers lint test bench bench-results bench-algorithms
 
 install:
-	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib tqdm \
+	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib tqdm scikit-learn \
 		scikit-build-core pybind11 cmake ninja
 	$(PIP) install -q --no-build-isolation --no-deps .
 
@@ -31,8 +31,8 @@ install-peers:
 
 lint:
 	clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h' '*.cu')
-	$(PYTHON) -m ruff check python tests bench tools
-	$(PYTHON) -m ruff format --check python tests bench tools
+	$(PYTHON) -m ruff check python tests bench tools examples
+	$(PYTHON) -m ruff format --check python tests bench tools examples
 
 test: install lint
 	$(PYTHON) -m pytest -q -ra

@@ -3,6 +3,8 @@
 ``import weft`` registers the torch.distributed backend ``"weft"``
 (``dist.init_process_group("weft")``). ``weft.Communicator`` is the torch-free
 core API over any writable C-contiguous buffer (numpy arrays, CPU torch tensors).
+``weft.DistributedDataParallel`` and the Horovod-style ``broadcast_parameters`` /
+``broadcast_optimizer_state`` are for training with torch.
 """
 
 from weft._backend import monitored_barrier
@@ -17,6 +19,8 @@ from weft._C import (  # noqa: F401
     TimeoutError,
     algorithms,
 )
+from weft.broadcast import broadcast_optimizer_state, broadcast_parameters
+from weft.ddp import DistributedDataParallel
 
 _register_backend()
 
@@ -30,4 +34,7 @@ __all__ = [
     "AbortedError",
     "algorithms",
     "monitored_barrier",
+    "DistributedDataParallel",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
 ]

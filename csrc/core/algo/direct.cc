@@ -6,16 +6,6 @@
 namespace weft::algo {
 namespace {
 
-Step exchange(int send_peer, std::optional<Span> local, int recv_peer, std::optional<Span> dst) {
-  Step s;
-  s.kind = Step::Kind::Exchange;
-  s.send_peer = send_peer;
-  s.local = local;
-  s.recv_peer = recv_peer;
-  s.dst = dst;
-  return s;
-}
-
 std::vector<size_t> prefix_offsets(const std::vector<size_t>& counts) {
   std::vector<size_t> offsets(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) offsets[i] = offsets[i - 1] + counts[i - 1];
@@ -48,8 +38,8 @@ Plan pairwise_alltoall(const PlanContext& ctx, const std::vector<size_t>& send_c
            Span{Buf::Output, recv_at[r], recv_counts[r]});
   for (int k = 1; k < n; ++k) {
     int to = (r + k) % n, from = (r - k + n) % n;
-    plan.steps.push_back(exchange(to, Span{Buf::Input, send_at[to], send_counts[to]}, from,
-                                  Span{Buf::Output, recv_at[from], recv_counts[from]}));
+    plan.steps.push_back(exchange_step(to, Span{Buf::Input, send_at[to], send_counts[to]}, from,
+                                       Span{Buf::Output, recv_at[from], recv_counts[from]}));
   }
   return plan;
 }
@@ -59,13 +49,13 @@ Plan direct_gather(const PlanContext& ctx, size_t count, int root) {
   Plan plan;
   plan.algorithm = "direct";
   if (r != root) {
-    plan.steps.push_back(exchange(root, Span{Buf::Input, 0, count}, -1, std::nullopt));
+    plan.steps.push_back(exchange_step(root, Span{Buf::Input, 0, count}, -1, std::nullopt));
     return plan;
   }
   add_copy(plan.steps, Span{Buf::Input, 0, count}, Span{Buf::Output, r * count, count});
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
-    plan.steps.push_back(exchange(-1, std::nullopt, p, Span{Buf::Output, p * count, count}));
+    plan.steps.push_back(exchange_step(-1, std::nullopt, p, Span{Buf::Output, p * count, count}));
   }
   return plan;
 }
@@ -75,12 +65,12 @@ Plan direct_scatter(const PlanContext& ctx, size_t count, int root) {
   Plan plan;
   plan.algorithm = "direct";
   if (r != root) {
-    plan.steps.push_back(exchange(-1, std::nullopt, root, Span{Buf::Output, 0, count}));
+    plan.steps.push_back(exchange_step(-1, std::nullopt, root, Span{Buf::Output, 0, count}));
     return plan;
   }
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
-    plan.steps.push_back(exchange(p, Span{Buf::Input, p * count, count}, -1, std::nullopt));
+    plan.steps.push_back(exchange_step(p, Span{Buf::Input, p * count, count}, -1, std::nullopt));
   }
   add_copy(plan.steps, Span{Buf::Input, r * count, count}, Span{Buf::Output, 0, count});
   return plan;

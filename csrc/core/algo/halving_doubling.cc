@@ -38,14 +38,9 @@ struct Fold {
   int rank_of(int pos) const { return pos < rem ? 2 * pos + 1 : pos + rem; }
 };
 
-Step exchange(int peer, Span send, Span receive) {
-  Step s;
-  s.kind = Step::Kind::Exchange;
-  s.send_peer = peer;
-  s.recv_peer = peer;
-  s.local = send;
-  s.dst = receive;
-  return s;
+// Both directions with one partner at once.
+Step swap_with(int peer, Span send, Span receive) {
+  return exchange_step(peer, send, peer, receive);
 }
 
 // The first steps of a folded plan: a rank that sits out hands its input
@@ -100,7 +95,7 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
       Buf next = Buf::Scratch;
       if (cur == Buf::Scratch || (cur == Buf::Input && !in_place)) next = Buf::Output;
       Step s =
-          exchange(fold.rank_of(fold.new_rank ^ mask), Span{cur, 0, count}, Span{next, 0, count});
+          swap_with(fold.rank_of(fold.new_rank ^ mask), Span{cur, 0, count}, Span{next, 0, count});
       s.operand = Span{cur, 0, count};
       s.finalize = finalize && mask * 2 == fold.group;
       // An earlier round may have sent `next` by reference.
@@ -139,8 +134,8 @@ Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place,
       const bool upper = (fold.new_rank & mask) != 0;
       const size_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
       const size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
-      Step s = exchange(fold.rank_of(fold.new_rank ^ mask), blocks(cur, give_lo, give_hi),
-                        blocks(Buf::Output, keep_lo, keep_hi));
+      Step s = swap_with(fold.rank_of(fold.new_rank ^ mask), blocks(cur, give_lo, give_hi),
+                         blocks(Buf::Output, keep_lo, keep_hi));
       s.operand = blocks(cur, keep_lo, keep_hi);
       s.finalize = finalize && mask == 1;
       plan.steps.push_back(s);
@@ -154,8 +149,8 @@ Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place,
     for (int mask = 1; mask < fold.group; mask *= 2) {
       const int partner = fold.new_rank ^ mask;
       const size_t theirs = static_cast<size_t>(partner) / mask * mask;
-      Step s = exchange(fold.rank_of(partner), blocks(Buf::Output, lo, hi),
-                        blocks(Buf::Output, theirs, theirs + mask));
+      Step s = swap_with(fold.rank_of(partner), blocks(Buf::Output, lo, hi),
+                         blocks(Buf::Output, theirs, theirs + mask));
       plan.steps.push_back(s);
       lo = std::min(lo, theirs);
       hi = lo + 2 * static_cast<size_t>(mask);
@@ -192,7 +187,7 @@ Plan halving_reduce_scatter(const PlanContext& ctx, size_t count, bool finalize)
     const size_t keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
     const size_t give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
     const Buf next = mask == 1 ? Buf::Output : Buf::Scratch;
-    Step s = exchange(r ^ mask, blocks(cur, give_lo, give_hi), blocks(next, keep_lo, keep_hi));
+    Step s = swap_with(r ^ mask, blocks(cur, give_lo, give_hi), blocks(next, keep_lo, keep_hi));
     s.operand = blocks(cur, keep_lo, keep_hi);
     s.finalize = finalize && mask == 1;
     plan.steps.push_back(s);
@@ -212,8 +207,8 @@ Plan doubling_allgather(const PlanContext& ctx, size_t count, bool in_place) {
   for (int mask = 1; mask < n; mask *= 2) {
     const size_t mine = static_cast<size_t>(r) / mask * mask;
     const size_t theirs = static_cast<size_t>(r ^ mask) / mask * mask;
-    plan.steps.push_back(exchange(r ^ mask, Span{Buf::Output, mine * count, mask * count},
-                                  Span{Buf::Output, theirs * count, mask * count}));
+    plan.steps.push_back(swap_with(r ^ mask, Span{Buf::Output, mine * count, mask * count},
+                                   Span{Buf::Output, theirs * count, mask * count}));
   }
   return plan;
 }

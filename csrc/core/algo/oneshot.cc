@@ -15,15 +15,7 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
   const Span input{Buf::Input, 0, count};
   // Sends and receives of a round progress together, so no message size can
   // fill the connections and deadlock.
-  auto exchange = [&](int to, int from, Span dst) {
-    Step s;
-    s.kind = Step::Kind::Exchange;
-    s.send_peer = to;
-    s.recv_peer = from;
-    s.local = input;
-    s.dst = dst;
-    return s;
-  };
+  auto exchange = [&](int to, int from, Span dst) { return exchange_step(to, input, from, dst); };
   if (n == 2 && !in_place) {
     // a + b == b + a exactly, so reducing straight from the peer's message is
     // already in rank order.
@@ -57,13 +49,9 @@ Plan barrier(const PlanContext& ctx) {
   plan.algorithm = "barrier";
   // Zero-length Exchange steps still send and wait for one message each way.
   for (int k = 1; k < ctx.size; ++k) {
-    Step s;
-    s.kind = Step::Kind::Exchange;
-    s.send_peer = (ctx.rank + k) % ctx.size;
-    s.recv_peer = (ctx.rank - k + ctx.size) % ctx.size;
-    s.local = Span{Buf::Input, 0, 0};
-    s.dst = Span{Buf::Output, 0, 0};
-    plan.steps.push_back(s);
+    plan.steps.push_back(exchange_step((ctx.rank + k) % ctx.size, Span{Buf::Input, 0, 0},
+                                       (ctx.rank - k + ctx.size) % ctx.size,
+                                       Span{Buf::Output, 0, 0}));
   }
   return plan;
 }

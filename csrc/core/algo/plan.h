@@ -84,6 +84,19 @@ inline void add_copy(std::vector<Step>& steps, const Span& from, const Span& to)
   steps.push_back(s);
 }
 
+// An Exchange step: `send` goes to send_peer while `receive` comes from
+// recv_peer (-1 and nullopt for a side that is absent).
+inline Step exchange_step(int send_peer, std::optional<Span> send, int recv_peer,
+                          std::optional<Span> receive) {
+  Step s;
+  s.kind = Step::Kind::Exchange;
+  s.send_peer = send_peer;
+  s.local = send;
+  s.recv_peer = recv_peer;
+  s.dst = receive;
+  return s;
+}
+
 // Splits `count` elements into `parts` nearly equal pieces; piece i starts at
 // part_offset(count, parts, i) and has part_count(count, parts, i) elements.
 inline size_t part_count(size_t count, size_t parts, size_t i) {

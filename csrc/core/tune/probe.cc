@@ -24,12 +24,8 @@ Plan pair_exchange(int partner, size_t bytes) {
   Plan plan;
   plan.algorithm = "probe";
   if (partner < 0) return plan;
-  Step s;
-  s.kind = Step::Kind::Exchange;
-  s.send_peer = s.recv_peer = partner;
-  s.local = Span{Buf::Input, 0, bytes};
-  s.dst = Span{Buf::Output, 0, bytes};
-  plan.steps.push_back(s);
+  plan.steps.push_back(
+      exchange_step(partner, Span{Buf::Input, 0, bytes}, partner, Span{Buf::Output, 0, bytes}));
   return plan;
 }
 

@@ -190,3 +190,56 @@ def test_progress_bar_is_quiet_off_a_terminal(monkeypatch):
     monkeypatch.setattr(sys, "stderr", pipe)
     Progress(4).close()
     assert pipe.getvalue() == ""
+
+
+COST_MODEL_FIELDS = {
+    "shm_alpha_s",
+    "shm_beta_s_per_b",
+    "tcp_alpha_s",
+    "tcp_beta_s_per_b",
+    "gamma_s_per_b",
+}
+PRINT_COST_MODEL = (
+    "import torch.distributed as dist, weft\n"
+    "print(weft.Communicator(dist.HashStore(), 0, 1).cost_model, end='')"
+)
+
+
+def cost_model_with(tune: str) -> subprocess.CompletedProcess:
+    """A fresh process's communicator, given WEFT_TUNE=tune (read once per process)."""
+    env = {**os.environ, "WEFT_TUNE": tune}
+    return subprocess.run(
+        [sys.executable, "-c", PRINT_COST_MODEL], env=env, capture_output=True, text=True
+    )
+
+
+def test_tune_writes_a_cost_model_that_weft_tune_loads(tmp_path):
+    path = tmp_path / "model.txt"
+    proc = bench("--tune", str(path), "--np", "2")
+    assert f"WEFT_TUNE={path}" in proc.stdout
+    text = path.read_text()
+    assert "# measured: shm, tcp" in text
+    values = {
+        k: float(v) for k, v in (line.split() for line in text.splitlines() if line[:1] != "#")
+    }
+    assert set(values) == COST_MODEL_FIELDS and all(v > 0 for v in values.values())
+    assert values["shm_alpha_s"] < values["tcp_alpha_s"]
+    # A communicator takes the file as it is, comments and all.
+    loaded = cost_model_with(str(path))
+    assert loaded.returncode == 0, loaded.stderr
+    model = [line for line in text.splitlines() if line[:1] != "#"]
+    assert loaded.stdout.splitlines() == model
+
+
+def test_weft_tune_names_what_is_wrong_with_a_file(tmp_path):
+    missing = cost_model_with(str(tmp_path / "none.txt"))
+    assert "no such file" in missing.stderr and "weft-bench --tune" in missing.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_text("# a model\nshm_alpha_s 1e-6 extra\n")
+    assert "bad.txt', line 2: expected 'name value'" in cost_model_with(str(bad)).stderr
+    partial = tmp_path / "partial.txt"
+    partial.write_text("shm_alpha_s 1e-6\n")
+    assert "needs a positive shm_beta_s_per_b" in cost_model_with(str(partial)).stderr
+    # off: the built-in figures.
+    builtin = cost_model_with("off")
+    assert builtin.returncode == 0 and "shm_alpha_s 2e-06" in builtin.stdout

@@ -119,13 +119,29 @@ CostModel Communicator::tuned_cost_model() {
   const std::string& tune = config().tune;
   if (tune == "off") return CostModel{};
   if (tune != "measure") return load_cost_model(tune);
-  auto run = [this](const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op) {
-    execute("tune", 0, plan, in, out, dtype, op, 0);
-  };
-  auto is_tcp = [this](int peer) { return transport_to(peer) == "tcp"; };
-  CostModel model = probe_cost_model(run, rank_, size_, is_tcp, CostModel{});
+  CostModel model = probe(kQuickProbe, 0);
   WEFT_LOG(Info, rank_, "cost model measured:\n" << format_cost_model(model));
   return model;
+}
+
+CostModel Communicator::measure_cost_model(const ProbeEffort& effort) {
+  check_usable();
+  CostModel model;
+  queue_.submit(
+      [&](uint64_t seq, Work&) {
+        check_usable();
+        model = probe(effort, seq);
+      },
+      false);
+  return model;
+}
+
+CostModel Communicator::probe(const ProbeEffort& effort, uint64_t seq) {
+  auto run = [this, seq](const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op) {
+    execute("tune", seq, plan, in, out, dtype, op, 0);
+  };
+  auto is_tcp = [this](int peer) { return transport_to(peer) == "tcp"; };
+  return probe_cost_model(run, rank_, size_, is_tcp, CostModel{}, effort);
 }
 
 void Communicator::agree_on_sizes() {

@@ -25,6 +25,7 @@
 #include "core/exec/work.h"
 #include "core/transport/connection.h"
 #include "core/tune/cost_model.h"
+#include "core/tune/probe.h"
 
 namespace weft {
 
@@ -49,6 +50,9 @@ class Communicator {
   Choice choice(Collective c, size_t bytes) const;
   const Topology& topology() const { return topology_; }
   const CostModel& cost_model() const { return cost_model_; }
+  // Measures a cost model now (a collective: every rank calls it, in issue
+  // order with the others) and returns it; the tuner keeps its own.
+  CostModel measure_cost_model(const ProbeEffort& effort);
 
   // Every call returns once the operation finished when async=false (and
   // throws its error), or at once with its Work when async=true. Buffers
@@ -91,6 +95,7 @@ class Communicator {
   void agree_on_sizes();
   void learn_topology();
   CostModel tuned_cost_model();
+  CostModel probe(const ProbeEffort& effort, uint64_t seq);
   PlanContext plan_context(DataType dtype) const;
   const Plan& cached_plan(const PlanKey& key, DataType dtype);
   Plan make_plan(const PlanKey& key, DataType dtype) const;

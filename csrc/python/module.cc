@@ -114,6 +114,10 @@ class PyCommunicator {
   double timeout() const { return comm_->timeout_s(); }
   std::string transport_to(int peer) const { return comm_->transport_to(peer); }
   CostModel cost_model() const { return comm_->cost_model(); }
+  CostModel measure_cost_model(bool thorough) {
+    py::gil_scoped_release nogil;
+    return comm_->measure_cost_model(thorough ? kThoroughProbe : kQuickProbe);
+  }
   Topology topology() const { return comm_->topology(); }
 
   py::tuple algorithm(const std::string& collective, size_t nbytes) const {
@@ -382,6 +386,10 @@ PYBIND11_MODULE(_C, m) {
            "The transport used to reach `peer`: 'shm', 'tcp' or 'self'.")
       .def_property_readonly("cost_model", &PyCommunicator::cost_model,
                              "The cost model the tuner uses (measured at creation by default).")
+      .def("measure_cost_model", &PyCommunicator::measure_cost_model, py::arg("thorough") = true,
+           "Measures a cost model now and returns it (every rank calls it, like a collective); "
+           "thorough=False is the quick probe a communicator runs at creation. The tuner keeps "
+           "its own model.")
       .def_property_readonly("topology", &PyCommunicator::topology)
       .def("algorithm", &PyCommunicator::algorithm, py::arg("collective"), py::arg("nbytes"),
            "(algorithm, predicted seconds) of `collective` ('allreduce', 'broadcast', ...) on "

@@ -62,14 +62,22 @@ CostModel load_cost_model(const std::string& path) {
   if (!file) {
     throw InvalidArgument("WEFT_TUNE='" + path +
                           "': no such file; use measure, off, or a file written by "
-                          "weft.topo.save_cost_model");
+                          "weft-bench --tune or weft.topo.save_cost_model");
   }
   std::map<std::string, double> values;
-  std::string key;
-  double value = 0;
-  while (file >> key >> value) values[key] = value;
-  if (!file.eof())
-    throw InvalidArgument("WEFT_TUNE file '" + path + "': expected 'name value' lines");
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    std::istringstream fields(line);
+    std::string key;
+    double value = 0;
+    if (!(fields >> key) || key[0] == '#') continue;  // blank or comment
+    std::string rest;
+    if (!(fields >> value) || fields >> rest) {
+      throw InvalidArgument("WEFT_TUNE file '" + path + "', line " + std::to_string(number) +
+                            ": expected 'name value', got '" + line + "'");
+    }
+    values[key] = value;
+  }
   CostModel m;
   double* fields[] = {&m.shm.alpha_s, &m.shm.beta_s_per_b, &m.tcp.alpha_s, &m.tcp.beta_s_per_b,
                       &m.gamma_s_per_b};

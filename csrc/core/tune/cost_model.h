@@ -24,7 +24,8 @@ struct CostModel {
   double gamma_s_per_b = 1.0 / 10e9;  // reduction, per byte of output
 };
 
-// A model as text ("shm_alpha_s 2e-06" lines), for WEFT_TUNE=<file>.
+// A model as text ("shm_alpha_s 2e-06" lines; "#" starts a comment line),
+// for WEFT_TUNE=<file>.
 std::string format_cost_model(const CostModel& model);
 // Throws InvalidArgument naming the file and what is wrong with it.
 CostModel load_cost_model(const std::string& path);

@@ -10,10 +10,6 @@
 namespace weft {
 namespace {
 
-constexpr int kPings = 16;
-constexpr int kTransfers = 5;
-constexpr size_t kTransferBytes = size_t{1} << 20;
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -58,11 +54,12 @@ double reduce_cost() {
 }  // namespace
 
 CostModel probe_cost_model(const RunPlan& run, int rank, int size,
-                           const std::function<bool(int)>& is_tcp, const CostModel& defaults) {
+                           const std::function<bool(int)>& is_tcp, const CostModel& defaults,
+                           const ProbeEffort& effort) {
   // measured[0..1]: shm alpha, beta; [2..3]: tcp alpha, beta; [4]: gamma.
   std::vector<double> measured(5, 0.0), agreed(5, 0.0);
   measured[4] = reduce_cost();
-  std::vector<char> in(kTransferBytes), out(kTransferBytes);
+  std::vector<char> in(effort.transfer_bytes), out(effort.transfer_bytes);
   // Medians: the first messages after connecting, or a descheduled peer,
   // would otherwise dominate.
   auto median_s = [&](int partner, size_t bytes, int times) {
@@ -78,13 +75,13 @@ CostModel probe_cost_model(const RunPlan& run, int rank, int size,
   };
   for (int round = 0; round < 2 && size > 1; ++round) {
     const int partner = partner_in(round, rank, size);
-    const double alpha = median_s(partner, 1, kPings);
-    const double transfer = median_s(partner, kTransferBytes, kTransfers);
+    const double alpha = median_s(partner, 1, effort.pings);
+    const double transfer = median_s(partner, effort.transfer_bytes, effort.transfers);
     if (partner < 0) continue;
     const int at = is_tcp(partner) ? 2 : 0;
     measured[at] = std::max(measured[at], alpha);
     measured[at + 1] =
-        std::max(measured[at + 1], std::max(transfer - alpha, alpha) / kTransferBytes);
+        std::max(measured[at + 1], std::max(transfer - alpha, alpha) / effort.transfer_bytes);
   }
   PlanContext ctx{rank, size, sizeof(double), SIZE_MAX / 2, {}};
   run(algo::oneshot_allreduce(ctx, measured.size(), false, false), measured.data(), agreed.data(),

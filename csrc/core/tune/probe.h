@@ -1,12 +1,14 @@
-// Measures the cost model's parameters on a live world, once, when a
-// communicator is created: latency pings and 1 MiB exchanges between pairs
+// Measures the cost model's parameters on a live world, quickly when a
+// communicator is created, thoroughly for weft-bench --tune: latency pings
+// and large exchanges between pairs
 // of ranks, in two rounds (pairs 2k,2k+1, then 2k+1,2k+2) so that every kind
 // of link a world of ranks placed host by host has gets measured, all pairs
 // at once as in a collective; and a local reduction. The maxima over all
 // ranks (per transport) become the model, so every rank ends with the same
-// one. A few milliseconds on an idle machine.
+// one. The quick probe takes a few milliseconds on an idle machine.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 
 #include "core/algo/plan.h"
@@ -14,6 +16,17 @@
 #include "core/tune/cost_model.h"
 
 namespace weft {
+
+// How long to look. A communicator takes the quick probe when it is
+// created; weft-bench --tune takes the thorough one (about a second) and
+// saves the result for WEFT_TUNE=<file>.
+struct ProbeEffort {
+  int pings;              // 1-byte exchanges per pairing (median)
+  int transfers;          // large exchanges per pairing (median)
+  size_t transfer_bytes;  // their size
+};
+constexpr ProbeEffort kQuickProbe{16, 5, size_t{1} << 20};
+constexpr ProbeEffort kThoroughProbe{400, 40, size_t{4} << 20};
 
 // Runs `plan` on every rank (all ranks call it in the same order) over
 // these buffers.
@@ -23,6 +36,7 @@ using RunPlan =
 // `is_tcp(peer)`: this rank reaches `peer` over tcp. Parameters of a
 // transport no rank measured keep `defaults`' values.
 CostModel probe_cost_model(const RunPlan& run, int rank, int size,
-                           const std::function<bool(int)>& is_tcp, const CostModel& defaults);
+                           const std::function<bool(int)>& is_tcp, const CostModel& defaults,
+                           const ProbeEffort& effort);
 
 }  // namespace weft

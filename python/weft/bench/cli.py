@@ -12,7 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from weft.bench import launch, lineup, report, results
+from weft.bench import launch, lineup, report, results, tune
 from weft.bench.machine import machine_info
 from weft.bench.ops import DTYPES, OPS
 from weft.bench.plot import plot
@@ -70,6 +70,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--plot", type=Path, help="write busbw against size as a PNG")
     add("--timeout", type=float, default=900, help="seconds per launch, default %(default)s")
     add("--mpirun", default="mpirun", help="the mpirun that starts MPI ranks")
+    add(
+        "--tune",
+        type=Path,
+        metavar="FILE",
+        help="measure the tuner's cost model thoroughly (here: shm and tcp between --np local "
+        "ranks; under a launcher: its world's links), write it to FILE for WEFT_TUNE=FILE, and "
+        "run no benchmark",
+    )
     args = p.parse_args(argv)
     if "all" in args.op:
         args.op = list(OPS)
@@ -93,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if launcher and args.np not in (None, launcher.size):
         sys.exit(f"weft-bench: --np {args.np}, but {launcher.name} started {launcher.size}")
     size = launcher.size if launcher else (args.np or 2)
+    if args.tune:
+        return tune.run(args.tune, size, launcher, args.timeout)
     entries = lineup.weft_entries(args.algo, args.transport, args.op)
     if launcher and len(entries) > 1:
         sys.exit(

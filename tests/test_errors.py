@@ -281,16 +281,18 @@ def test_bad_construction(pools):
     assert_no_mismatch(pools.get(2, "shm").run(case_bad_construction, SHORT_TIMEOUT_S))
 
 
-def case_ranks_out_of_step(ctx, counts, timeout_s):
-    """Each rank allreduces its own count on a fresh communicator; returns what happened.
-    The ring is forced so that both sizes run the same algorithm, as a tuner may not."""
+def case_ranks_out_of_step(ctx, calls, timeout_s):
+    """Each rank allreduces its own (count, dtype) on a fresh communicator; returns what
+    happened. The ring is forced so that every call runs the same algorithm, as a tuner may
+    not."""
     import weft
 
     name = ctx.fresh_name("out-of-step")
     comm = weft.Communicator(
         ctx.store, ctx.rank, ctx.size, name=name, timeout=timeout_s, algo="ring"
     )
-    buf = np.full(counts[ctx.rank], ctx.rank + 1, np.int32)
+    count, dtype = calls[ctx.rank]
+    buf = np.full(count, ctx.rank + 1, dtype)
     info = outcome(lambda: comm.allreduce(buf))
     info.pop("value", None)
     info["weft_error"] = "Error" in info.get("mro", [])
@@ -299,31 +301,28 @@ def case_ranks_out_of_step(ctx, counts, timeout_s):
     return info
 
 
-OUT_OF_STEP_UNDETECTED = pytest.mark.xfail(
-    strict=True,
-    reason="known gap: messages carry no operation signature, so ranks that issue allreduces "
-    "of different sizes go undetected when their slices happen to have equal lengths",
-)
-
-
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize(
-    "transport, counts",
+    "calls",
     [
-        ("shm", [1000, 8]),
-        ("tcp", [1000, 8]),
-        ("shm", [2**20, 2**19]),
-        pytest.param("tcp", [2**20, 2**19], marks=OUT_OF_STEP_UNDETECTED),
+        [(1000, "int32"), (8, "int32")],
+        [(2**20, "int32"), (2**19, "int32")],  # every message of the same length
+        [(4096, "int32"), (4096, "float32")],  # the same bytes, another dtype
     ],
-    ids=["small-shm", "small-tcp", "large-shm", "large-tcp"],
+    ids=["small", "large", "dtype"],
 )
-def test_ranks_out_of_step_never_get_wrong_data(pools, transport, counts):
-    """Ranks that issue different allreduces (a user error): each rank either raises a
-    weft.Error within the timeout or holds the right sum -- never wrong data silently."""
-    infos = pools.get(2, transport).run(case_ranks_out_of_step, counts, SHORT_TIMEOUT_S)
-    report = "\n".join(f"rank {r} (count {counts[r]}): {info}" for r, info in enumerate(infos))
+def test_ranks_out_of_step_get_an_error_never_wrong_data(pools, transport, calls):
+    """Ranks that issue different allreduces (a user error): some rank says so, naming the
+    operation; every rank either raises a weft.Error within the timeout or holds the right
+    sum -- never wrong data silently."""
+    infos = pools.get(2, transport).run(case_ranks_out_of_step, calls, SHORT_TIMEOUT_S)
+    report = "\n".join(f"rank {r} {calls[r]}: {info}" for r, info in enumerate(infos))
     for info in infos:
         assert info["weft_error"] or not info["wrong_elements"], f"wrong data, no error:\n{report}"
         assert info["elapsed"] <= SHORT_TIMEOUT_S + SLACK_S, f"too slow:\n{report}"
+    told = [i for i in infos if "ranks out of step" in i.get("message", "")]
+    assert told, f"no rank named the mismatch:\n{report}"
+    assert all(re.search(r"allreduce #\d+ \(ring\)", i["message"]) for i in told), report
 
 
 # ---- environment, read once per process -----------------------------------------------------

@@ -1,12 +1,14 @@
 #include "core/comm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "core/algo/algorithms.h"
 #include "core/common/config.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
+#include "core/transport/op_signature.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/tcp/tcp_connection.h"
 #include "core/tune/probe.h"
@@ -257,10 +259,16 @@ const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {
   return it->second;
 }
 
-OpContext Communicator::op_context(const char* name, uint64_t seq, DataType dtype, ReduceOp op,
-                                   size_t out_bytes) const {
+OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
+                                   ReduceOp op, size_t out_bytes) const {
   const bool streaming = out_bytes >= config().streaming_bytes;
-  return OpContext{name, seq, rank_, size_, timeout_s_, dtype, op, streaming, slice_bytes_};
+  // alltoall's output size is each rank's own; its message lengths are checked.
+  const size_t agreed_bytes = std::strcmp(name, "alltoall") == 0 ? 0 : out_bytes;
+  return OpContext{name,         seq,
+                   rank_,        size_,
+                   timeout_s_,   dtype,
+                   op,           streaming,
+                   slice_bytes_, op_signature(seq, name, plan.algorithm, dtype, op, agreed_bytes)};
 }
 
 void Communicator::check_usable() const {
@@ -299,7 +307,7 @@ void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, con
   if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
   OpBuffers buffers{in, out, scratch_.data()};
   try {
-    executor_->run(plan, buffers, op_context(name, seq, dtype, op, out_bytes));
+    executor_->run(plan, buffers, op_context(name, seq, plan, dtype, op, out_bytes));
   } catch (const Error& e) {
     fail(e.what());
     throw;

@@ -108,8 +108,8 @@ class Communicator {
                                ReduceOp op, size_t out_bytes, bool async, MakePlan make);
   void execute(const char* name, uint64_t seq, const Plan& plan, const void* in, void* out,
                DataType dtype, ReduceOp op, size_t out_bytes);
-  OpContext op_context(const char* name, uint64_t seq, DataType dtype, ReduceOp op,
-                       size_t out_bytes) const;
+  OpContext op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
+                       ReduceOp op, size_t out_bytes) const;
   void check_usable() const;
   void fail(const std::string& reason);
 

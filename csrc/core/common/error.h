@@ -31,6 +31,13 @@ class PeerError : public Error {
   using Error::Error;
 };
 
+// A peer's message belongs to another operation than the one this rank runs:
+// the ranks issued different collectives, or in a different order.
+class OutOfStepError : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
+
 // The communicator was aborted by an earlier error; it cannot be used again.
 class AbortedError : public Error {
  public:

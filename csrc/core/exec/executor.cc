@@ -37,6 +37,7 @@ class Run {
   }
 
   void execute() {
+    for (int peer : active_) conns_[peer]->set_operation(op_.signature);
     for (step_index_ = 0; step_index_ < plan_.steps.size(); ++step_index_) {
       const Step& s = plan_.steps[step_index_];
       WEFT_LOG(Trace, op_.rank,
@@ -81,10 +82,29 @@ class Run {
     for (int peer : active_) {
       try {
         conns_[peer]->progress();
+      } catch (const OutOfStepError& e) {
+        throw_out_of_step(peer, e.what());
       } catch (const PeerError& e) {
         throw_lost_with_cause(peer, e.what());
       }
     }
+  }
+
+  // A receive that found another operation's message: say which.
+  template <typename Attempt>
+  bool checked(Attempt attempt, int peer) {
+    try {
+      return attempt();
+    } catch (const OutOfStepError& e) {
+      throw_out_of_step(peer, e.what());
+    }
+  }
+
+  [[noreturn]] void throw_out_of_step(int peer, const std::string& why) const {
+    std::ostringstream msg;
+    msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
+        << ", message from rank " << peer << ": " << why;
+    throw OutOfStepError(msg.str());
   }
 
   [[noreturn]] void throw_lost(int peer, const std::string& why) const {
@@ -114,9 +134,9 @@ class Run {
   // Calls `attempt` until it returns true, polling and backing off between.
   template <typename Attempt>
   void wait_until(Attempt attempt, const char* waiting_for, int peer) {
-    while (!attempt()) {
+    while (!checked(attempt, peer)) {
       poll();
-      if (attempt()) break;
+      if (checked(attempt, peer)) break;
       backoff_.idle([&] { return where(waiting_for, peer); });
     }
     backoff_.reset();
@@ -243,8 +263,12 @@ class Run {
         moved |= advance(out, [&](char* p, size_t n) { return sc->send_from(p, n); });
       }
       if (in.pending) {
-        moved |= operand ? advance(in, receive_reduced)
-                         : advance(in, [&](char* p, size_t n) { return rc->recv_into(p, n); });
+        moved |= checked(
+            [&] {
+              return operand ? advance(in, receive_reduced)
+                             : advance(in, [&](char* p, size_t n) { return rc->recv_into(p, n); });
+            },
+            s.recv_peer);
       }
       if (moved) {
         backoff_.reset();

@@ -31,6 +31,7 @@ struct OpContext {
   bool streaming;  // write user outputs with non-temporal stores
   // Largest message: the same on every rank, at most any connection's slot.
   size_t slice_bytes;
+  uint64_t signature;  // tags this operation's messages (op_signature.h)
 };
 
 class Executor {

@@ -1,8 +1,11 @@
 // A Connection carries one channel of traffic between this rank and one peer,
 // in both directions, as a FIFO of messages. Both sides agree on every
 // message's length in advance (it follows from the Plan), so messages carry no
-// framing the executor sees. Every call is non-blocking: the executor polls,
-// calls progress() while it waits and owns the timeout.
+// framing the executor sees. Transports still send each message's length and
+// the signature of the operation it belongs to, and check both on arrival, so
+// that ranks out of step get an error instead of each other's bytes. Every
+// call is non-blocking: the executor polls, calls progress() while it waits
+// and owns the timeout.
 //
 // A message is at most slot_bytes() long. capacity_bytes() is how much a
 // sender can have posted and not yet received by the peer without waiting for
@@ -10,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace weft {
@@ -54,6 +58,15 @@ class Connection {
   virtual size_t slot_bytes() const = 0;
   virtual size_t capacity_bytes() const = 0;
   virtual const char* transport_name() const = 0;
+
+  // The operation the messages from now on belong to (see op_signature.h):
+  // sends are tagged with it, and a received message tagged otherwise makes
+  // the receive throw OutOfStepError. 0 (the default) on both sides for
+  // traffic that is not part of an operation.
+  void set_operation(uint64_t signature) { operation_ = signature; }
+
+ protected:
+  uint64_t operation_ = 0;
 };
 
 }  // namespace weft

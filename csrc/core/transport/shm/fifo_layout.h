@@ -54,6 +54,7 @@ struct alignas(64) SlotHeader {
   uint32_t kind;
   uint32_t reserved;
   uint64_t address;
+  uint64_t operation;  // op_signature.h
 };
 
 struct FifoLayout {

@@ -14,6 +14,7 @@
 #include "core/common/error.h"
 #include "core/common/log.h"
 #include "core/reduce/cpu_reduce.h"
+#include "core/transport/op_signature.h"
 #include "core/transport/shm/cma.h"
 #include "core/transport/shm/fifo_layout.h"
 #include "core/transport/shm/segment.h"
@@ -167,6 +168,7 @@ class ShmConnection final : public Connection {
     header.length = bytes;
     header.kind = kind;
     header.address = address;
+    header.operation = operation_;
     ++send_pos_;
     if (++send_index_ == slots_) send_index_ = 0;
     out_.control().head.store(send_pos_, kRelease);
@@ -184,10 +186,10 @@ class ShmConnection final : public Connection {
 
   const SlotHeader& checked_header(size_t bytes) const {
     const SlotHeader& header = in_.header(recv_index_);
+    if (header.operation != operation_)
+      throw OutOfStepError(op_mismatch(operation_, header.operation));
     if (header.length != bytes) {
-      throw PeerError("protocol mismatch: expected " + std::to_string(bytes) +
-                      " bytes from peer, got " + std::to_string(header.length) +
-                      " \xe2\x80\x94 ranks issued different operations");
+      throw OutOfStepError(length_mismatch(bytes, header.length));
     }
     if (header.kind != shm::kSlotInline && header.kind != shm::kSlotReference) {
       throw PeerError("shared-memory FIFO corrupted: unknown slot kind");

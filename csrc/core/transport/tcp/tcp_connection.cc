@@ -1,10 +1,11 @@
 // TCP transport. Both sides know every message's length from the Plan, so the
 // wire needs no framing to find message boundaries; each message still
-// carries its length in an 8-byte header, sent in the same sendmsg and read in
-// the same recvmsg as the payload. It costs nothing measurable and lets the
-// receiver report ranks that issued different operations instead of reading
-// one operation's bytes as another's, and an empty message is still a message
-// the receiver waits for (a barrier is made of them).
+// carries its length and its operation's signature in a 16-byte header, sent
+// in the same sendmsg and read in the same recvmsg as the payload. It costs
+// nothing measurable and lets the receiver report ranks that issued different
+// operations instead of reading one operation's bytes as another's, and an
+// empty message is still a message the receiver waits for (a barrier is made
+// of them).
 //
 // Sending: a FIFO of at most `slots` messages, each either staged in one of
 // `slots` staging buffers (send_slot/post_send) or written straight from the
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "core/common/error.h"
+#include "core/transport/op_signature.h"
 
 namespace weft {
 namespace {
@@ -44,8 +46,11 @@ namespace {
 constexpr int kSocketBufferBytes = 4 << 20;
 // iovecs per sendmsg (two per message).
 constexpr int kMaxIov = 64;
-// The message header: its payload length (ranks share an architecture).
-using Header = uint64_t;
+// The message header (ranks share an architecture).
+struct Header {
+  uint64_t length;
+  uint64_t operation;  // op_signature.h
+};
 constexpr size_t kHeaderBytes = sizeof(Header);
 // How often an idle connection asks the kernel whether the peer is gone.
 constexpr std::chrono::microseconds kWatchInterval{20};
@@ -173,7 +178,10 @@ class TcpConnection : public Connection {
     } else if (queued_ == 0) {
       watch_peer();
     }
-    if (!broken_.empty()) throw PeerError(broken_);
+    if (!broken_.empty()) {
+      if (out_of_step_) throw OutOfStepError(broken_);
+      throw PeerError(broken_);
+    }
   }
 
   void shutdown() override { socket_.shutdown(); }
@@ -223,7 +231,7 @@ class TcpConnection : public Connection {
   }
 
   void enqueue(const char* data, size_t bytes, int buf) {
-    queue_[(head_ + queued_) % slots_] = Send{bytes, data, bytes, 0, buf};
+    queue_[(head_ + queued_) % slots_] = Send{{bytes, operation_}, data, bytes, 0, buf};
     ++queued_;
   }
 
@@ -318,10 +326,13 @@ class TcpConnection : public Connection {
   }
 
   void check_header() {
-    if (header_ == length_) return;
-    fail("protocol mismatch: expected a message of " + std::to_string(length_) +
-         " bytes from the peer, it sent " + std::to_string(header_) +
-         " (the ranks issued different operations, or in a different order)");
+    if (header_.operation != operation_) {
+      out_of_step_ = true;
+      return fail(op_mismatch(operation_, header_.operation));
+    }
+    if (header_.length == length_) return;
+    out_of_step_ = true;
+    fail(length_mismatch(length_, header_.length));
   }
 
   // Once the whole message is in, the next header belongs to the next one.
@@ -379,14 +390,15 @@ class TcpConnection : public Connection {
   std::vector<std::unique_ptr<char[]>> recv_bufs_;  // ring; allocated on first use
   int held_head_ = 0;                               // oldest message handed out by recv_slot
   int held_ = 0;
-  Header header_ = 0;  // of the next incoming message
+  Header header_{};  // of the next incoming message
   size_t header_done_ = 0;
   Target target_ = Target::None;  // the message being received
   char* dst_ = nullptr;
   size_t length_ = 0;
   size_t done_ = 0;  // payload bytes in dst_
 
-  std::string broken_;  // why the socket failed; empty while it works
+  std::string broken_;        // why the socket failed; empty while it works
+  bool out_of_step_ = false;  // broken_ says the peer runs another operation
   std::chrono::steady_clock::time_point last_watch_{};
 };
 

@@ -1,5 +1,6 @@
 #include "core/exec/backoff.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <time.h>
 
@@ -18,6 +19,9 @@ using std::chrono::microseconds;
 // Spin while the peer is likely mid-slice on its own core; yield while it is
 // likely running but preempted; then nap.
 constexpr auto kSpinFor = microseconds(50);
+// Loopback TCP takes longer than this to answer anyway; sleeping in ppoll
+// from then on costs only the wake-up.
+constexpr auto kSocketSpinFor = microseconds(10);
 constexpr auto kYieldFor = microseconds(1000);
 constexpr auto kNapLongAfter = microseconds(20000);
 
@@ -30,6 +34,7 @@ void Backoff::pause() {
 }
 
 void Backoff::wait_a_little(Clock::duration waited) {
+  if (waited >= kSocketSpinFor && sleep_on_sockets()) return;
   if (waited < kSpinFor) {
     pause();
     return;
@@ -42,6 +47,22 @@ void Backoff::wait_a_little(Clock::duration waited) {
   phase_ = Phase::Nap;
   timespec ts{0, waited < kNapLongAfter ? 50000 : 1000000};
   nanosleep(&ts, nullptr);
+}
+
+bool Backoff::sleep_on_sockets() {
+  if (connections_.empty()) return false;
+  sockets_.clear();
+  for (const Connection* c : connections_) {
+    const pollfd want = c->readiness();
+    if (want.fd < 0) return false;  // shared memory: nothing to sleep on
+    sockets_.push_back(want);
+  }
+  // Bytes already waiting that the caller does not take now (read-ahead of a
+  // later message) wake this at once: it degrades to spinning, no worse.
+  phase_ = Phase::Nap;
+  timespec ts{0, 1000000};
+  ::ppoll(sockets_.data(), sockets_.size(), &ts, nullptr);
+  return true;
 }
 
 void Backoff::throw_timeout(const std::string& what) const {

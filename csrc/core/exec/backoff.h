@@ -1,13 +1,20 @@
 // How the executor waits: spin first (a peer on another core answers in well
 // under a microsecond), then yield, then sleep in short naps so that
-// oversubscribed ranks leave the cores to the ranks that have work. The
-// phases are measured in time, not iterations, because the cost of a pause
-// instruction varies tenfold between CPUs. Throws TimeoutError once nothing
-// has progressed for the timeout.
+// oversubscribed ranks leave the cores to the ranks that have work. When the
+// wait is for sockets, the yields and naps become sleeps in ppoll() on them:
+// the kernel wakes the rank when bytes arrive, and the cores go to the ranks
+// that have work meanwhile. The phases are measured in time, not iterations,
+// because the cost of a pause instruction varies tenfold between CPUs. Throws
+// TimeoutError once nothing has progressed for the timeout.
 #pragma once
+
+#include <poll.h>
 
 #include <chrono>
 #include <string>
+#include <vector>
+
+#include "core/transport/connection.h"
 
 namespace weft {
 
@@ -22,6 +29,12 @@ class Backoff {
 
   // Something moved: the next wait starts a fresh spin and a fresh timeout.
   void reset() { rounds_ = 0; }
+
+  // The connections whose traffic may end the wait. When every one has a
+  // socket (Connection::readiness), the wait sleeps on them.
+  void wake_on(std::vector<const Connection*> connections) {
+    connections_ = std::move(connections);
+  }
 
   // One idle round. Throws TimeoutError with `describe()` (what we wait for)
   // once the timeout has passed since the last reset().
@@ -53,6 +66,10 @@ class Backoff {
   unsigned rounds_ = 0;
   Phase phase_ = Phase::Spin;
   Clock::time_point start_;
+  bool sleep_on_sockets();
+
+  std::vector<const Connection*> connections_;
+  std::vector<pollfd> sockets_;
 };
 
 }  // namespace weft

@@ -34,6 +34,9 @@ class Run {
         }
       }
     }
+    std::vector<const Connection*> waited_on;
+    for (int peer : active_) waited_on.push_back(conns_[peer]);
+    backoff_.wake_on(std::move(waited_on));
   }
 
   void execute() {

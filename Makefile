@@ -21,7 +21,7 @@ ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e
 
 install:
 	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib tqdm scikit-learn \
-		scikit-build-core pybind11 cmake ninja
+		scikit-build-core pybind11 cmake ninja nvidia-nccl-cu13
 	$(PIP) install -q --no-build-isolation --no-deps .
 
 # OpenMPI for the side-by-side benchmark (Debian packages, needs root).

@@ -24,8 +24,8 @@ def is_built() -> bool:
 def _require():
     if _kernels is None:
         raise _C.Error(
-            "weft was built without CUDA: nvcc was not found when it was built "
-            "(rebuild with nvcc on the PATH, or CUDACXX set)"
+            "weft was built without CUDA (nvcc was not found, or WEFT_CUDA=OFF): rebuild it "
+            "with nvcc on the PATH or CUDACXX set"
         )
     return _kernels
 

@@ -17,11 +17,11 @@ BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 3 --vs gloo,mpi
 ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e 256M -f 8 \
 	-n 5 -w 2 --vs gloo,mpi
 
-.PHONY: install install-peers lint test bench bench-results bench-algorithms
+.PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu
 
 install:
 	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib tqdm scikit-learn \
-		scikit-build-core pybind11 cmake ninja
+		scikit-build-core pybind11 cmake ninja nvidia-nccl-cu13
 	$(PIP) install -q --no-build-isolation --no-deps .
 
 # OpenMPI for the side-by-side benchmark (Debian packages, needs root).
@@ -36,6 +36,14 @@ lint:
 
 test: install lint
 	$(PYTHON) -m pytest -q -ra
+
+# On a machine with a GPU, after weft is built there (no install step: it keeps that
+# machine's torch): the GPU tests, and the kernel bandwidth into bench/results/.
+test-gpu:
+	$(PYTHON) -m pytest -q -ra -m gpu
+
+bench-gpu:
+	$(PYTHON) bench/gpu_reduce.py
 
 bench: install install-peers
 	$(PYTHON) -m weft.bench -o all --vs gloo,mpi

@@ -2,11 +2,13 @@
 
 On each pool rank (weft_pool.py) ``groups(ctx)`` initializes, once per process, the default
 process group over weft and a gloo group over the same ranks; cases then run every operation on
-both with the same inputs (``Twins``) and report where the results differ.
+both with the same inputs (``Twins``) and report where the results differ. Under
+``weft_on("cuda")`` the weft side runs on CUDA copies of the inputs (test_gpu_backend.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 import zlib
 from datetime import timedelta
@@ -94,8 +96,19 @@ def flat_tensors(obj) -> list:
     return []
 
 
+def moved(obj, device: str):
+    """``obj`` with every tensor in it (in lists, tuples) copied to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(moved(item, device) for item in obj)
+    return obj
+
+
 class Twins:
     """Runs operations on the weft and gloo groups alike; collects the differences."""
+
+    weft_device = "cpu"  # where the weft side's tensors live (see weft_on)
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -113,10 +126,12 @@ class Twins:
         self.ctx.note(what)
         outcomes = []
         for group in (self.groups.weft, self.groups.gloo):
-            args = make()
+            on_gpu = group is self.groups.weft and self.weft_device != "cpu"
+            args = moved(make(), self.weft_device) if on_gpu else make()
             try:
                 result = run(group, *args)
-                outcomes.append(("ok", args if result is None else result))
+                value = args if result is None else result
+                outcomes.append(("ok", moved(value, "cpu") if on_gpu else value))
             except Exception as exc:  # noqa: BLE001 - compared between the backends
                 outcomes.append(("raised", exc))
         (wk, wv), (gk, gv) = outcomes
@@ -156,6 +171,16 @@ class Twins:
 
     def fail(self, what: str, detail: str):
         self.lines.append(f"rank {self.ctx.rank}: {what}: {detail}")
+
+
+@contextlib.contextmanager
+def weft_on(device: str):
+    """Within it, ``Twins`` give the weft group tensors on ``device`` (gloo keeps the CPU)."""
+    previous, Twins.weft_device = Twins.weft_device, device
+    try:
+        yield
+    finally:
+        Twins.weft_device = previous
 
 
 def describe(t: torch.Tensor) -> str:

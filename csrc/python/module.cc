@@ -12,6 +12,9 @@
 #include "core/common/error.h"
 #include "store.h"
 #include "topo.h"
+#ifdef WEFT_HAVE_CUDA
+#include "cuda.h"
+#endif
 
 namespace py = pybind11;
 
@@ -321,6 +324,9 @@ PYBIND11_MODULE(_C, m) {
   using namespace weft::python;
   m.doc() = "weft core: collectives over shared memory and TCP";
   bind_topo(m);
+#ifdef WEFT_HAVE_CUDA
+  bind_cuda(m);
+#endif
 
   static PyObject* error = new_exception(m, "Error", PyExc_RuntimeError, "Any weft error.");
   static PyObject* invalid =

@@ -1,5 +1,7 @@
 #include "backend.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "errors.h"
 #include "op_helpers.h"
 #include "tensors.h"
@@ -56,6 +58,15 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::gather_then(
         return Works{comm_->allgather(mine.data_ptr(), gathered.data_ptr(), mine.nbytes(),
                                       DataType::UInt8, a)};
       });
+}
+
+CudaStaging WeftBackend::staging(c10::Device device, const char* what) {
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  for (const c10::Stream& stream : streams_) {
+    if (stream.device() == device) return CudaStaging(device, stream, what);
+  }
+  streams_.push_back(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device));
+  return CudaStaging(device, streams_.back(), what);
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::barrier(const c10d::BarrierOptions& opts) {

@@ -7,11 +7,13 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
 #include "core/comm.h"
+#include "cuda_staging.h"
 #include "store_adapter.h"
 
 namespace weft::backend {
@@ -96,7 +98,13 @@ class WeftBackend : public c10d::Backend {
                                                         const c10d::ReduceScatterOptions& opts,
                                                         c10d::OpType type);
 
+  // Staging of the CUDA tensors of one operation on `device` (cuda_staging.h)
+  // on weft's stream there: one stream per device for this backend.
+  CudaStaging staging(c10::Device device, const char* what);
+
   StoreAdapter store_;
+  std::mutex streams_mutex_;
+  std::vector<c10::Stream> streams_;
   // One byte per rank for the monitored barrier's messages.
   std::vector<char> monitored_barrier_bytes_;
   std::unique_ptr<Communicator> comm_;

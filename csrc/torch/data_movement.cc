@@ -8,6 +8,11 @@ namespace weft::backend {
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
+  if (auto device = cuda_device_of(tensors)) {
+    CudaStaging s = staging(*device, "broadcast");
+    std::vector<at::Tensor> host = s.twins(tensors, true, true);
+    return s.run(rank_, [&] { return broadcast(host, opts); });
+  }
   check_cpu(tensors, "broadcast");
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "weft broadcast: invalid root rank ",
               opts.rootRank);
@@ -32,6 +37,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::broadcast(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> WeftBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
+  if (auto device = cuda_device_of(outputs, inputs)) {
+    CudaStaging s = staging(*device, "allgather");
+    std::vector<std::vector<at::Tensor>> host_out = s.twins(outputs, false, true);
+    std::vector<at::Tensor> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return allgather(host_out, host_in, opts); });
+  }
   check_count(inputs.size(), 1, "allgather", "input tensor");
   check_count(outputs.size(), 1, "allgather", "output tensor list");
   check_count(outputs[0].size(), size_, "allgather", "output tensors (one per rank)");
@@ -52,6 +63,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather(std::vector<std::vector<at
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
+  if (auto device = cuda_device_of(output, input)) {
+    CudaStaging s = staging(*device, "all_gather_into_tensor");
+    at::Tensor host_out = s.twin(output, false, true);
+    at::Tensor host_in = s.twin(input, true, false);
+    return s.run(rank_, [&] { return _allgather_base(host_out, host_in, opts); });
+  }
   check_cpu({output, input}, "all_gather_into_tensor");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(),
               "weft all_gather_into_tensor: output and input tensors must have the same type");
@@ -70,6 +87,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::_allgather_base(at::Tensor& output, 
 c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  if (auto device = cuda_device_of(outputs, inputs)) {
+    CudaStaging s = staging(*device, "allgather_into_tensor_coalesced");
+    std::vector<at::Tensor> host_out = s.twins(outputs, false, true);
+    std::vector<at::Tensor> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return allgather_into_tensor_coalesced(host_out, host_in, opts); });
+  }
   const char* what = "allgather_into_tensor_coalesced";
   check_count(inputs.size(), outputs.size(), what, "input tensors (one per output)");
   check_cpu(outputs, what);
@@ -96,6 +119,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  if (auto device = cuda_device_of(output_lists, inputs)) {
+    CudaStaging s = staging(*device, "allgather_coalesced");
+    std::vector<std::vector<at::Tensor>> host_out = s.twins(output_lists, false, true);
+    std::vector<at::Tensor> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return allgather_coalesced(host_out, host_in, opts); });
+  }
   const char* what = "allgather_coalesced";
   check_count(output_lists.size(), size_, what, "output tensor lists (one per rank)");
   check_cpu(inputs, what);
@@ -120,6 +149,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> WeftBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
+  if (auto device = cuda_device_of(outputs, inputs)) {
+    CudaStaging s = staging(*device, "gather");
+    std::vector<std::vector<at::Tensor>> host_out = s.twins(outputs, false, true);
+    std::vector<at::Tensor> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return gather(host_out, host_in, opts); });
+  }
   check_root(opts.rootRank, size_, "gather");
   check_count(inputs.size(), 1, "gather", "input tensor");
   check_cpu(inputs, "gather");
@@ -149,6 +184,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::gather(std::vector<std::vector<at::T
 c10::intrusive_ptr<c10d::Work> WeftBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
+  if (auto device = cuda_device_of(outputs, inputs)) {
+    CudaStaging s = staging(*device, "scatter");
+    std::vector<at::Tensor> host_out = s.twins(outputs, false, true);
+    std::vector<std::vector<at::Tensor>> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return scatter(host_out, host_in, opts); });
+  }
   check_root(opts.rootRank, size_, "scatter");
   check_count(outputs.size(), 1, "scatter", "output tensor");
   check_cpu(outputs, "scatter");
@@ -176,6 +217,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::scatter(std::vector<at::Tensor>& out
 c10::intrusive_ptr<c10d::Work> WeftBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
+  if (auto device = cuda_device_of(outputs, inputs)) {
+    CudaStaging s = staging(*device, "alltoall");
+    std::vector<at::Tensor> host_out = s.twins(outputs, false, true);
+    std::vector<at::Tensor> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return alltoall(host_out, host_in, opts); });
+  }
   check_count(outputs.size(), size_, "alltoall", "output tensors (one per rank)");
   check_count(inputs.size(), size_, "alltoall", "input tensors (one per rank)");
   check_cpu(outputs, "alltoall");
@@ -229,6 +276,13 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::alltoall_base(at::Tensor& output, at
                                                           std::vector<int64_t>& output_splits,
                                                           std::vector<int64_t>& input_splits,
                                                           const c10d::AllToAllOptions& opts) {
+  if (auto device = cuda_device_of(output, input)) {
+    CudaStaging s = staging(*device, "alltoall_base");
+    at::Tensor host_out = s.twin(output, false, true);
+    at::Tensor host_in = s.twin(input, true, false);
+    return s.run(
+        rank_, [&] { return alltoall_base(host_out, host_in, output_splits, input_splits, opts); });
+  }
   check_cpu({output, input}, "alltoall_base");
   TORCH_CHECK_VALUE(output.is_contiguous() && input.is_contiguous(), "Tensors must be contiguous");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(),

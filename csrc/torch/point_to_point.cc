@@ -28,6 +28,11 @@ const at::Tensor& single_contiguous(const std::vector<at::Tensor>& tensors, cons
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::send(std::vector<at::Tensor>& tensors, int dst_rank,
                                                  int tag) {
+  if (auto device = cuda_device_of(tensors)) {
+    CudaStaging s = staging(*device, "send");
+    std::vector<at::Tensor> host = s.twins(tensors, true, false);
+    return s.run(rank_, [&] { return send(host, dst_rank, tag); });
+  }
   const at::Tensor& t = single_contiguous(tensors, "send", "input");
   return launch(c10d::OpType::SEND, /*async=*/true, {}, {t}, {}, [&](bool a) {
     return Works{comm_->send(t.data_ptr(), t.nbytes(), dst_rank, static_cast<uint32_t>(tag), a)};
@@ -36,6 +41,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::send(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensors, int src_rank,
                                                  int tag) {
+  if (auto device = cuda_device_of(tensors)) {
+    CudaStaging s = staging(*device, "recv");
+    std::vector<at::Tensor> host = s.twins(tensors, false, true);
+    return s.run(rank_, [&] { return recv(host, src_rank, tag); });
+  }
   const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECV, /*async=*/true, tensors, {t}, {}, [&](bool a) {
     return Works{comm_->recv(t.data_ptr(), t.nbytes(), src_rank, static_cast<uint32_t>(tag), a)};
@@ -44,6 +54,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                           int tag) {
+  if (auto device = cuda_device_of(tensors)) {
+    CudaStaging s = staging(*device, "recv");
+    std::vector<at::Tensor> host = s.twins(tensors, false, true);
+    return s.run(rank_, [&] { return recvAnysource(host, tag); });
+  }
   const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECVANYSOURCE, /*async=*/true, tensors, {t}, {}, [&](bool a) {
     return Works{comm_->recv(t.data_ptr(), t.nbytes(), -1, static_cast<uint32_t>(tag), a)};

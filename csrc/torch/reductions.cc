@@ -7,6 +7,11 @@ namespace weft::backend {
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
+  if (auto device = cuda_device_of(tensors)) {
+    CudaStaging s = staging(*device, "allreduce");
+    std::vector<at::Tensor> host = s.twins(tensors, true, true);
+    return s.run(rank_, [&] { return allreduce(host, opts); });
+  }
   check_cpu(tensors, "allreduce");
   TORCH_CHECK(!tensors.empty(), "weft allreduce: requires at least one tensor");
   check_like(tensors, tensors[0], "allreduce");
@@ -34,6 +39,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (auto device = cuda_device_of(tensors)) {
+    CudaStaging s = staging(*device, "allreduce_coalesced");
+    std::vector<at::Tensor> host = s.twins(tensors, true, true);
+    return s.run(rank_, [&] { return allreduce_coalesced(host, opts); });
+  }
   check_cpu(tensors, "allreduce_coalesced");
   TORCH_CHECK(!tensors.empty(), "weft allreduce_coalesced: requires at least one tensor");
   for (const at::Tensor& t : tensors) {
@@ -64,6 +74,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
+  if (auto device = cuda_device_of(tensors)) {
+    CudaStaging s = staging(*device, "reduce");
+    std::vector<at::Tensor> host = s.twins(tensors, true, true);
+    return s.run(rank_, [&] { return reduce(host, opts); });
+  }
   check_cpu(tensors, "reduce");
   check_count(tensors.size(), 1, "reduce", "tensor");
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "weft reduce: invalid root rank ",
@@ -89,6 +104,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce(std::vector<at::Tensor>& tens
 c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  if (auto device = cuda_device_of(outputs, inputs)) {
+    CudaStaging s = staging(*device, "reduce_scatter");
+    std::vector<at::Tensor> host_out = s.twins(outputs, false, true);
+    std::vector<std::vector<at::Tensor>> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return reduce_scatter(host_out, host_in, opts); });
+  }
   check_count(outputs.size(), 1, "reduce_scatter", "output tensor");
   check_count(inputs.size(), 1, "reduce_scatter", "input tensor list");
   check_count(inputs[0].size(), size_, "reduce_scatter", "input tensors (one per rank)");
@@ -132,6 +153,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensors(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts, c10d::OpType type) {
   const char* what = "reduce_scatter_tensor";
+  if (auto device = cuda_device_of(outputs, inputs)) {
+    CudaStaging s = staging(*device, what);
+    std::vector<at::Tensor> host_out = s.twins(outputs, false, true);
+    std::vector<at::Tensor> host_in = s.twins(inputs, true, false);
+    return s.run(rank_, [&] { return reduce_scatter_tensors(host_out, host_in, opts, type); });
+  }
   check_count(inputs.size(), outputs.size(), what, "input tensors (one per output)");
   check_cpu(outputs, what);
   check_cpu(inputs, what);

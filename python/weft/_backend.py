@@ -1,9 +1,11 @@
-"""Registers weft as the torch.distributed backend ``"weft"`` (CPU tensors).
+"""Registers weft as the torch.distributed backend ``"weft"`` (CPU tensors, and CUDA tensors
+when torch has CUDA).
 
 ``dist.init_process_group("weft")`` (or ``backend="cpu:weft"``) then creates one
 weft communicator per process group, connected through the group's store.
 """
 
+import torch
 import torch.distributed as dist
 
 NAME = "weft"
@@ -25,7 +27,8 @@ def register() -> None:
     """Makes ``"weft"`` known to torch.distributed; safe to call more than once."""
     if not dist.is_available() or NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(NAME, _create_backend, extended_api=True, devices=["cpu"])
+    devices = ["cpu", "cuda"] if torch.version.cuda else ["cpu"]
+    dist.Backend.register_backend(NAME, _create_backend, extended_api=True, devices=devices)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:

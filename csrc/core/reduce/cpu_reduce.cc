@@ -4,11 +4,11 @@
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <utility>
 
 #include "core/common/error.h"
 #include "core/reduce/cpu_reduce_kernels.h"
+#include "core/reduce/reduce_ops.h"
 
 namespace weft::reduce {
 namespace detail {
@@ -109,54 +109,6 @@ struct Scalar<Half> : Scalar16<half_to_float, float_to_half> {};
 template <>
 struct Scalar<BFloat16> : Scalar16<bfloat16_to_float, float_to_bfloat16> {};
 
-// Integer Sum/Prod go through the unsigned type: they wrap, with no UB.
-template <class C>
-C add(C a, C b) {
-  if constexpr (std::is_integral_v<C>) {
-    using U = std::make_unsigned_t<C>;
-    return static_cast<C>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-  } else {
-    return a + b;
-  }
-}
-
-template <class C>
-C mul(C a, C b) {
-  if constexpr (std::is_integral_v<C>) {
-    using U = std::make_unsigned_t<C>;
-    return static_cast<C>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-  } else {
-    return a * b;
-  }
-}
-
-// Integers: truncation toward zero, as C++ `/`.
-template <class C>
-C divide_by(C a, int divisor) {
-  if constexpr (std::is_integral_v<C>) {
-    return static_cast<C>(a / divisor);
-  } else {
-    return a / static_cast<C>(divisor);
-  }
-}
-
-template <Kind K, class C>
-C combine(C a, C b, int divisor) {
-  if constexpr (K == Kind::Sum) {
-    return add(a, b);
-  } else if constexpr (K == Kind::Prod) {
-    return mul(a, b);
-  } else if constexpr (K == Kind::Min) {
-    return a < b ? a : b;
-  } else if constexpr (K == Kind::Max) {
-    return a > b ? a : b;
-  } else if constexpr (K == Kind::SumDiv) {
-    return divide_by(add(a, b), divisor);
-  } else {
-    return divide_by(a, divisor);
-  }
-}
-
 template <class T, Kind K>
 void portable_kernel(void* dst, void* dst2, const void* a, const void* b, size_t count, int divisor,
                      bool /*streaming*/) {
@@ -204,6 +156,17 @@ const KernelTable& portable_kernels() {
   return table;
 }
 
+Kind kind_of(ReduceOp op, int divisor) {
+  switch (op) {
+    case ReduceOp::Sum: return Kind::Sum;
+    case ReduceOp::Prod: return Kind::Prod;
+    case ReduceOp::Min: return Kind::Min;
+    case ReduceOp::Max: return Kind::Max;
+    case ReduceOp::Avg: return divisor > 0 ? Kind::SumDiv : Kind::Sum;
+  }
+  throw InvalidArgument("reduce: unknown ReduceOp");
+}
+
 const KernelTable& active_kernels() {
   static const KernelTable* const table = [] {
     const KernelTable* t = avx2_kernels();
@@ -228,17 +191,8 @@ int checked_dtype(DataType dtype) {
 
 void reduce(void* dst, void* dst2, const void* a, const void* b, size_t count, DataType dtype,
             ReduceOp op, int divisor, bool streaming) {
-  using detail::Kind;
   const int t = checked_dtype(dtype);
-  Kind kind;
-  switch (op) {
-    case ReduceOp::Sum: kind = Kind::Sum; break;
-    case ReduceOp::Prod: kind = Kind::Prod; break;
-    case ReduceOp::Min: kind = Kind::Min; break;
-    case ReduceOp::Max: kind = Kind::Max; break;
-    case ReduceOp::Avg: kind = divisor > 0 ? Kind::SumDiv : Kind::Sum; break;
-    default: throw InvalidArgument("reduce: unknown ReduceOp");
-  }
+  const detail::Kind kind = detail::kind_of(op, divisor);
   if (count == 0) return;
   if (!dst || !a || !b) throw InvalidArgument("reduce: null buffer");
   kernels().kernels[t][static_cast<int>(kind)](dst, dst2, a, b, count, divisor, streaming);

@@ -22,6 +22,10 @@ enum class Kind : int {
 };
 constexpr int kNumKinds = 6;
 
+// The Kind that computes `op` (Avg is SumDiv where divisor > 0, else Sum).
+// Throws InvalidArgument for an unknown op. Shared with the CUDA kernels.
+Kind kind_of(ReduceOp op, int divisor);
+
 // dst (and dst2 when not null) = kind(a, b) over `count` elements.
 using KernelFn = void (*)(void* dst, void* dst2, const void* a, const void* b, size_t count,
                           int divisor, bool streaming);

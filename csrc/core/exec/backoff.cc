@@ -33,8 +33,8 @@ void Backoff::pause() {
 #endif
 }
 
-void Backoff::wait_a_little(Clock::duration waited) {
-  if (waited >= kSocketSpinFor && sleep_on_sockets()) return;
+void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaited> awaited) {
+  if (waited >= kSocketSpinFor && sleep_on_sockets(awaited)) return;
   if (waited < kSpinFor) {
     pause();
     return;
@@ -49,19 +49,18 @@ void Backoff::wait_a_little(Clock::duration waited) {
   nanosleep(&ts, nullptr);
 }
 
-bool Backoff::sleep_on_sockets() {
-  if (connections_.empty()) return false;
-  sockets_.clear();
-  for (const Connection* c : connections_) {
-    const pollfd want = c->readiness();
-    if (want.fd < 0) return false;  // shared memory: nothing to sleep on
-    sockets_.push_back(want);
+bool Backoff::sleep_on_sockets(std::initializer_list<Awaited> awaited) {
+  pollfd sockets[2];
+  nfds_t n = 0;
+  for (const Awaited& a : awaited) {
+    const int fd = a.connection->readiness_fd();
+    if (fd < 0 || n == 2) return false;  // shared memory: nothing to sleep on
+    sockets[n++] = pollfd{fd, static_cast<short>(a.receiving ? POLLIN : POLLOUT), 0};
   }
-  // Bytes already waiting that the caller does not take now (read-ahead of a
-  // later message) wake this at once: it degrades to spinning, no worse.
+  if (n == 0) return false;
   phase_ = Phase::Nap;
   timespec ts{0, 1000000};
-  ::ppoll(sockets_.data(), sockets_.size(), &ts, nullptr);
+  ::ppoll(sockets, n, &ts, nullptr);
   return true;
 }
 

@@ -8,11 +8,9 @@
 // TimeoutError once nothing has progressed for the timeout.
 #pragma once
 
-#include <poll.h>
-
 #include <chrono>
+#include <initializer_list>
 #include <string>
-#include <vector>
 
 #include "core/transport/connection.h"
 
@@ -30,16 +28,18 @@ class Backoff {
   // Something moved: the next wait starts a fresh spin and a fresh timeout.
   void reset() { rounds_ = 0; }
 
-  // The connections whose traffic may end the wait. When every one has a
-  // socket (Connection::readiness), the wait sleeps on them.
-  void wake_on(std::vector<const Connection*> connections) {
-    connections_ = std::move(connections);
-  }
+  // What a wait is for: bytes from a connection (receiving) or room in it.
+  struct Awaited {
+    const Connection* connection;
+    bool receiving;
+  };
 
   // One idle round. Throws TimeoutError with `describe()` (what we wait for)
-  // once the timeout has passed since the last reset().
+  // once the timeout has passed since the last reset(). When every awaited
+  // connection has a socket (Connection::readiness), the round may sleep on
+  // them.
   template <typename Describe>
-  void idle(Describe describe) {
+  void idle(Describe describe, std::initializer_list<Awaited> awaited = {}) {
     if (rounds_++ == 0) {
       start_ = Clock::now();
       phase_ = Phase::Spin;
@@ -50,7 +50,7 @@ class Backoff {
     }
     Clock::duration waited = Clock::now() - start_;
     if (waited >= timeout_) throw_timeout(describe());
-    wait_a_little(waited);
+    wait_a_little(waited, awaited);
   }
 
  private:
@@ -58,7 +58,7 @@ class Backoff {
   static constexpr unsigned kRoundsPerClockRead = 32;
 
   static void pause();
-  void wait_a_little(Clock::duration waited);
+  void wait_a_little(Clock::duration waited, std::initializer_list<Awaited> awaited);
   [[noreturn]] void throw_timeout(const std::string& what) const;
 
   const Clock::duration timeout_;
@@ -66,10 +66,7 @@ class Backoff {
   unsigned rounds_ = 0;
   Phase phase_ = Phase::Spin;
   Clock::time_point start_;
-  bool sleep_on_sockets();
-
-  std::vector<const Connection*> connections_;
-  std::vector<pollfd> sockets_;
+  bool sleep_on_sockets(std::initializer_list<Awaited> awaited);
 };
 
 }  // namespace weft

@@ -34,9 +34,6 @@ class Run {
         }
       }
     }
-    std::vector<const Connection*> waited_on;
-    for (int peer : active_) waited_on.push_back(conns_[peer]);
-    backoff_.wake_on(std::move(waited_on));
   }
 
   void execute() {
@@ -136,18 +133,18 @@ class Run {
 
   // Calls `attempt` until it returns true, polling and backing off between.
   template <typename Attempt>
-  void wait_until(Attempt attempt, const char* waiting_for, int peer) {
+  void wait_until(Attempt attempt, const char* waiting_for, int peer, bool receiving) {
     while (!checked(attempt, peer)) {
       poll();
       if (checked(attempt, peer)) break;
-      backoff_.idle([&] { return where(waiting_for, peer); });
+      backoff_.idle([&] { return where(waiting_for, peer); }, {{conns_[peer], receiving}});
     }
     backoff_.reset();
   }
 
   void wait_sends_complete() {
     for (int peer : active_) {
-      wait_until([&] { return conns_[peer]->sends_complete(); }, "finish sending to", peer);
+      wait_until([&] { return conns_[peer]->sends_complete(); }, "finish sending to", peer, false);
     }
   }
 
@@ -182,7 +179,7 @@ class Run {
       // Plain send of memory that already holds the data: let the transport
       // pick copy or reference.
       if (!rc && sc && !dst && div == 0) {
-        wait_until([&] { return sc->send_from(local, bytes); }, "send to", s.send_peer);
+        wait_until([&] { return sc->send_from(local, bytes); }, "send to", s.send_peer, false);
         continue;
       }
       // Plain receive into its destination: straight into place.
@@ -192,17 +189,18 @@ class Run {
               return op_.streaming ? rc->recv_into_streaming(dst, bytes)
                                    : rc->recv_into(dst, bytes);
             },
-            "receive from", s.recv_peer);
+            "receive from", s.recv_peer, true);
         continue;
       }
       void* slot = nullptr;
       if (sc) {
-        wait_until([&] { return (slot = sc->send_slot()) != nullptr; }, "send to", s.send_peer);
+        wait_until([&] { return (slot = sc->send_slot()) != nullptr; }, "send to", s.send_peer,
+                   false);
       }
       const void* incoming = nullptr;
       if (rc) {
         wait_until([&] { return (incoming = rc->recv_slot(bytes)) != nullptr; }, "receive from",
-                   s.recv_peer);
+                   s.recv_peer, true);
       }
       if (incoming) {
         emit(incoming, local, dst, slot, len, div);
@@ -278,9 +276,16 @@ class Run {
         continue;
       }
       poll();
-      backoff_.idle([&] {
+      const auto describe = [&] {
         return in.pending ? where("receive from", s.recv_peer) : where("send to", s.send_peer);
-      });
+      };
+      if (in.pending && out.pending) {
+        backoff_.idle(describe, {{rc, true}, {sc, false}});
+      } else if (in.pending) {
+        backoff_.idle(describe, {{rc, true}});
+      } else {
+        backoff_.idle(describe, {{sc, false}});
+      }
     }
   }
 

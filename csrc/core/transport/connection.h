@@ -12,8 +12,6 @@
 // it: Plans keep each step within half of it so rings cannot deadlock.
 #pragma once
 
-#include <poll.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -57,11 +55,10 @@ class Connection {
   // Closes the connection so that the peer notices (used on abort).
   virtual void shutdown() = 0;
 
-  // What a waiter can sleep on instead of polling: a descriptor and the
-  // events that mean this connection can move bytes again (a socket:
-  // readable, or writable while sends are queued); fd -1 when there is none
-  // (shared memory).
-  virtual pollfd readiness() const { return pollfd{-1, 0, 0}; }
+  // A descriptor a waiter can sleep on instead of polling (a socket: readable
+  // when the peer's bytes arrive, writable when sends can move), or -1 when
+  // there is none (shared memory).
+  virtual int readiness_fd() const { return -1; }
 
   virtual size_t slot_bytes() const = 0;
   virtual size_t capacity_bytes() const = 0;

@@ -24,7 +24,6 @@
 #include "core/transport/tcp/tcp_connection.h"
 
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -187,9 +186,7 @@ class TcpConnection : public Connection {
 
   void shutdown() override { socket_.shutdown(); }
 
-  pollfd readiness() const override {
-    return pollfd{socket_.fd(), static_cast<short>(POLLIN | (queued_ > 0 ? POLLOUT : 0)), 0};
-  }
+  int readiness_fd() const override { return socket_.fd(); }
 
   size_t slot_bytes() const override { return slot_bytes_; }
   // What a sender can post with no help from the receiver: the staging

@@ -38,12 +38,14 @@ test: install lint
 	$(PYTHON) -m pytest -q -ra
 
 # On a machine with a GPU, after weft is built there (no install step: it keeps that
-# machine's torch): the GPU tests, and the kernel bandwidth into bench/results/.
+# machine's torch): the GPU tests, and into bench/results/ the kernel bandwidth and the
+# allreduce over cuda_ipc (2 and 4 ranks on one GPU) against NCCL at world size 1.
 test-gpu:
 	$(PYTHON) -m pytest -q -ra -m gpu
 
 bench-gpu:
 	$(PYTHON) bench/gpu_reduce.py
+	$(PYTHON) bench/gpu_allreduce.py
 
 bench: install install-peers
 	$(PYTHON) -m weft.bench -o all --vs gloo,mpi

@@ -39,6 +39,11 @@ def no_gpu_reason() -> str | None:
     return None
 
 
+def device_slug(name: str) -> str:
+    """A device name as a file name part: "NVIDIA H200" -> "nvidia_h200"."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
 def time_per_call(call, iterations: int, repeats: int) -> float:
     """Median seconds per call over ``repeats`` runs of ``iterations`` calls (CUDA events)."""
     import torch
@@ -180,7 +185,7 @@ def main() -> None:
             f"{row['name']:<34} {row['GBps']:8.1f} GB/s  {100 * row['fraction_of_copy']:5.1f} %"
             " of the copy"
         )
-    slug = re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")
+    slug = device_slug(props.name)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"gpu_reduce_{slug}.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(report, args.out / f"gpu_reduce_{slug}.png")

@@ -1,5 +1,6 @@
-"""CUDA tensors through torch.distributed over weft (staged through pinned host memory, see
-csrc/torch/cuda_staging.h), on real processes that all share GPU 0.
+"""CUDA tensors through torch.distributed over weft, staged through pinned host memory
+(WEFT_CUDA_PATH=staging, see csrc/torch/cuda_staging.h), on real processes that all share GPU 0.
+test_gpu_ipc.py runs the same cases over cuda_ipc.
 
 Every case of test_backend.py runs again with the weft side on CUDA copies of the inputs,
 against gloo on the CPU; then the stream semantics (an operation waits for the caller's stream,
@@ -25,7 +26,7 @@ pytestmark = [
     ),
 ]
 
-WORLDS = [pytest.param(n, "shm", id=f"ws{n}") for n in (2, 3, 4)]
+WORLDS = [pytest.param(n, "cuda-staging", id=f"ws{n}") for n in (2, 3, 4)]
 # DDP trains on tensors the case creates itself: its CUDA form is case_ddp_on_cuda.
 CASES = [name for name in test_backend.CASES if name != "ddp"]
 

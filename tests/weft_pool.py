@@ -32,8 +32,20 @@ RUN_TIMEOUT_S = 300.0
 # must pick TCP by itself; "tcp-forced" keeps one host and forces TCP with WEFT_TRANSPORT.
 # The "-small" ones shrink every connection to four 4 KiB slots, so that modest counts already
 # cross many slices and chunked rounds; "hosts-of-2" puts ranks 2k and 2k+1 on one host
-# identity (shm inside, tcp across), with small slots too.
-TRANSPORTS = ("shm", "tcp", "tcp-forced", "shm-small", "tcp-small", "hosts-of-2")
+# identity (shm inside, tcp across), with small slots too. The "cuda-" ones (shm between ranks)
+# choose how the torch backend moves CUDA tensors: pinned host staging, or cuda_ipc with its
+# default staging buffers or with 4 KiB ones, so that modest counts take many rounds.
+TRANSPORTS = (
+    "shm",
+    "tcp",
+    "tcp-forced",
+    "shm-small",
+    "tcp-small",
+    "hosts-of-2",
+    "cuda-staging",
+    "cuda-ipc",
+    "cuda-ipc-small",
+)
 
 SMALL_SLOTS = {
     "WEFT_SHM_SLOT_BYTES": "4096",
@@ -56,6 +68,16 @@ def transport_env(transport: str, rank: int) -> dict[str, str]:
         return {"WEFT_HOST_ID": f"weft-test-host-{rank}", **SMALL_SLOTS}
     if transport == "hosts-of-2":
         return {"WEFT_HOST_ID": f"weft-test-host-{rank // 2}", **SMALL_SLOTS}
+    if transport == "cuda-staging":
+        return {"WEFT_TRANSPORT": "shm", "WEFT_CUDA_PATH": "staging"}
+    if transport == "cuda-ipc":
+        return {"WEFT_TRANSPORT": "shm", "WEFT_CUDA_PATH": "ipc"}
+    if transport == "cuda-ipc-small":
+        return {
+            "WEFT_TRANSPORT": "shm",
+            "WEFT_CUDA_PATH": "ipc",
+            "WEFT_CUDA_IPC_CHUNK_BYTES": "4096",
+        }
     raise ValueError(f"unknown transport {transport!r}")
 
 

@@ -2,6 +2,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "core/common/log.h"
 #include "errors.h"
 #include "op_helpers.h"
 #include "tensors.h"
@@ -60,13 +61,18 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::gather_then(
       });
 }
 
-CudaStaging WeftBackend::staging(c10::Device device, const char* what) {
+c10::Stream WeftBackend::stream_for(c10::Device device) {
   std::lock_guard<std::mutex> lock(streams_mutex_);
   for (const c10::Stream& stream : streams_) {
-    if (stream.device() == device) return CudaStaging(device, stream, what);
+    if (stream.device() == device) return stream;
   }
   streams_.push_back(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device));
-  return CudaStaging(device, streams_.back(), what);
+  return streams_.back();
+}
+
+CudaStaging WeftBackend::staging(c10::Device device, const char* what) {
+  WEFT_LOG(Info, rank_, what << " of CUDA tensors through pinned host staging");
+  return CudaStaging(device, stream_for(device), what);
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::barrier(const c10d::BarrierOptions& opts) {

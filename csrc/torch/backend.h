@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/comm.h"
+#include "core/transport/cuda_ipc/cuda_ipc.h"
 #include "cuda_staging.h"
 #include "store_adapter.h"
 
@@ -98,9 +100,47 @@ class WeftBackend : public c10d::Backend {
                                                         const c10d::ReduceScatterOptions& opts,
                                                         c10d::OpType type);
 
+  // weft's stream on `device`: one per device for this backend.
+  c10::Stream stream_for(c10::Device device);
   // Staging of the CUDA tensors of one operation on `device` (cuda_staging.h)
-  // on weft's stream there: one stream per device for this backend.
+  // on weft's stream there.
   CudaStaging staging(c10::Device device, const char* what);
+
+  // CUDA tensors over cuda_ipc (cuda_ipc_ops.cc). Each returns a null Work
+  // when the operation keeps the staging path: WEFT_CUDA_PATH, a world that
+  // cuda_ipc cannot serve, or a form it does not take (lists of several
+  // tensors, reductions without a kernel, malformed arguments, which the
+  // staging path then reports).
+  c10::intrusive_ptr<c10d::Work> ipc_allreduce(c10::Device device, std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> ipc_broadcast(c10::Device device, std::vector<at::Tensor>& tensors,
+                                               const c10d::BroadcastOptions& opts);
+  c10::intrusive_ptr<c10d::Work> ipc_reduce(c10::Device device, std::vector<at::Tensor>& tensors,
+                                            const c10d::ReduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> ipc_allgather(c10::Device device,
+                                               std::vector<std::vector<at::Tensor>>& outputs,
+                                               std::vector<at::Tensor>& inputs);
+  c10::intrusive_ptr<c10d::Work> ipc_allgather_base(c10::Device device, at::Tensor& output,
+                                                    at::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> ipc_reduce_scatter(c10::Device device,
+                                                    std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> ipc_reduce_scatter_tensors(c10::Device device,
+                                                            std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::ReduceScatterOptions& opts,
+                                                            c10d::OpType type);
+  // cuda_ipc on `device`, opened on first use; null when CUDA tensors take
+  // the staging path. With WEFT_CUDA_PATH=ipc, throws why cuda_ipc cannot
+  // serve this group.
+  cuda_ipc::CudaIpc* ipc_for(c10::Device device);
+  // Runs `body` (given weft's stream as a cudaStream_t) on weft's stream of
+  // `device`, after the caller's current stream; body returns the tensors it
+  // used, recorded on weft's stream.
+  c10::intrusive_ptr<c10d::Work> on_ipc(
+      c10::Device device, c10d::OpType type, std::vector<at::Tensor> outputs,
+      const std::function<std::vector<at::Tensor>(void* stream)>& body);
 
   StoreAdapter store_;
   std::mutex streams_mutex_;
@@ -108,6 +148,9 @@ class WeftBackend : public c10d::Backend {
   // One byte per rank for the monitored barrier's messages.
   std::vector<char> monitored_barrier_bytes_;
   std::unique_ptr<Communicator> comm_;
+  // Per device index; destroyed before the communicator.
+  std::mutex ipc_mutex_;
+  std::map<int, std::unique_ptr<cuda_ipc::CudaIpc>> ipc_;
 };
 
 }  // namespace weft::backend

@@ -8,13 +8,15 @@
 #include "work.h"
 
 namespace weft::backend {
-namespace {
-
 c10::Stream current_stream(c10::Device device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
-}  // namespace
+void wait_for_current_stream(c10::Stream stream) {
+  c10::Event ready(stream.device_type());
+  ready.record(current_stream(stream.device()));
+  ready.block(stream);
+}
 
 std::optional<c10::Device> cuda_device_of(at::TensorList tensors) {
   for (const at::Tensor& t : tensors) {
@@ -32,9 +34,7 @@ std::optional<c10::Device> cuda_device_of(const std::vector<std::vector<at::Tens
 
 CudaStaging::CudaStaging(c10::Device device, c10::Stream stream, const char* what)
     : device_(device), stream_(stream), what_(what) {
-  c10::Event ready(device.type());
-  ready.record(current_stream(device));
-  ready.block(stream_);
+  wait_for_current_stream(stream_);
 }
 
 at::Tensor CudaStaging::twin(const at::Tensor& t, bool in, bool out) {

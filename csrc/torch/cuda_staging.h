@@ -35,6 +35,13 @@ std::optional<c10::Device> cuda_device_of(const A& a, const B& b) {
   return device ? device : cuda_device_of(b);
 }
 
+// The caller's current stream on `device`.
+c10::Stream current_stream(c10::Device device);
+
+// Makes `stream` wait for the work queued so far on the caller's current
+// stream of its device.
+void wait_for_current_stream(c10::Stream stream);
+
 class CudaStaging {
  public:
   // `stream` is weft's stream on `device`; it waits for the caller's current

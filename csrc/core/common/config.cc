@@ -80,6 +80,17 @@ Config parse() {
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);
   if (const char* algo = env("WEFT_ALGO")) c.algo = algo;
   if (const char* tune = env("WEFT_TUNE")) c.tune = tune;
+  if (const char* path = env("WEFT_CUDA_PATH")) {
+    std::string s(path);
+    if (s == "staging") {
+      c.cuda_path = CudaPath::Staging;
+    } else if (s == "ipc") {
+      c.cuda_path = CudaPath::Ipc;
+    } else if (s != "auto") {
+      throw InvalidArgument("WEFT_CUDA_PATH='" + s + "': use auto, staging or ipc");
+    }
+  }
+  c.cuda_ipc_chunk_bytes = env_long("WEFT_CUDA_IPC_CHUNK_BYTES", c.cuda_ipc_chunk_bytes);
   return c;
 }
 

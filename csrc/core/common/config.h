@@ -9,6 +9,9 @@ namespace weft {
 
 enum class TransportChoice { Auto, Tcp, Shm };
 enum class LogLevel { Off, Info, Trace };
+// How the torch backend moves CUDA tensors: through pinned host twins over
+// shm/tcp, or over cuda_ipc (auto: cuda_ipc when every rank is on one host).
+enum class CudaPath { Auto, Staging, Ipc };
 
 struct Config {
   TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm
@@ -22,9 +25,11 @@ struct Config {
   int tcp_slots = 4;                                  // WEFT_TCP_SLOTS
   bool shm_cma = false;                               // WEFT_SHM_CMA=1: process_vm_readv transfers
   size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES
-  size_t streaming_bytes = 8 << 20;  // WEFT_STREAMING_BYTES: outputs this large bypass the cache
-  std::string algo = "auto";         // WEFT_ALGO: auto or an algorithm family
-  std::string tune = "measure";      // WEFT_TUNE: measure | off | <cost model file>
+  size_t streaming_bytes = 8 << 20;     // WEFT_STREAMING_BYTES: outputs this large bypass the cache
+  std::string algo = "auto";            // WEFT_ALGO: auto or an algorithm family
+  std::string tune = "measure";         // WEFT_TUNE: measure | off | <cost model file>
+  CudaPath cuda_path = CudaPath::Auto;  // WEFT_CUDA_PATH=auto|staging|ipc
+  size_t cuda_ipc_chunk_bytes = 64 << 20;  // WEFT_CUDA_IPC_CHUNK_BYTES: IPC staging per rank
 };
 
 // The process-wide configuration, parsed from the environment on first use.

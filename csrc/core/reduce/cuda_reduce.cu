@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/common/cuda_check.h"
 #include "core/common/error.h"
 #include "core/reduce/cpu_reduce_kernels.h"
 #include "core/reduce/cuda_reduce.h"
@@ -30,9 +31,7 @@ constexpr int kGroup = 2;
 constexpr int kUnroll = 2;
 
 void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw Error(std::string("CUDA reduce: ") + what + " failed: " + cudaGetErrorString(err));
-  }
+  check_cuda(err, std::string("CUDA reduce: ") + what);
 }
 
 // Storage tags of the 16-bit floats.
@@ -187,25 +186,6 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const Args a) {
     if (a.dst2) store<S>(a.dst2, i, out, a.bytewise);
   }
 }
-
-// Restores the calling thread's current device on scope exit.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-    device_ = device;
-  }
-  ~DeviceGuard() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  int device_ = 0;
-};
 
 // Blocks of kThreads that keep every SM of `device` busy with `kernel`.
 int full_grid(const void* kernel, int device) {

@@ -19,9 +19,11 @@ ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e
 
 .PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu
 
+# nvidia-nccl-cu13: NCCL for CUDA builds; nvidia-cuda-cuobjdump: tests/test_cuda_build.py checks
+# the CUDA architectures built with it (the toolkit here has no cuobjdump).
 install:
 	$(PIP) install -q $(TORCH) numpy pytest ruff clang-format matplotlib tqdm scikit-learn \
-		scikit-build-core pybind11 cmake ninja nvidia-nccl-cu13
+		scikit-build-core pybind11 cmake ninja nvidia-nccl-cu13 nvidia-cuda-cuobjdump
 	$(PIP) install -q --no-build-isolation --no-deps .
 
 # OpenMPI for the side-by-side benchmark (Debian packages, needs root).

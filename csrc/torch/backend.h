@@ -141,6 +141,11 @@ class WeftBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> on_ipc(
       c10::Device device, c10d::OpType type, std::vector<at::Tensor> outputs,
       const std::function<std::vector<at::Tensor>(void* stream)>& body);
+  // on_ipc for an operation on tensors[0] in place: body works on a
+  // contiguous version of it, copied back when that is a copy.
+  c10::intrusive_ptr<c10d::Work> on_ipc_in_place(
+      c10::Device device, c10d::OpType type, std::vector<at::Tensor>& tensors,
+      const std::function<void(const at::Tensor& dense, void* stream)>& body);
 
   StoreAdapter store_;
   std::mutex streams_mutex_;

@@ -62,6 +62,18 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::on_ipc(
   return c10::make_intrusive<DeviceWork>(rank_, type, stream, std::move(outputs));
 }
 
+c10::intrusive_ptr<c10d::Work> WeftBackend::on_ipc_in_place(
+    c10::Device device, c10d::OpType type, std::vector<at::Tensor>& tensors,
+    const std::function<void(const at::Tensor& dense, void* stream)>& body) {
+  const at::Tensor t = tensors[0];
+  return on_ipc(device, type, tensors, [&](void* stream) {
+    at::Tensor dense = t.contiguous();
+    body(dense, stream);
+    run_finishing_step(copy_back(t, dense));
+    return std::vector<at::Tensor>{t, dense};
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allreduce(c10::Device device,
                                                           std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
@@ -71,12 +83,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allreduce(c10::Device device,
   if (!how.native) return {};
   cuda_ipc::CudaIpc* ipc = ipc_for(device);
   if (!ipc) return {};
-  return on_ipc(device, c10d::OpType::ALLREDUCE, tensors, [&](void* stream) {
-    at::Tensor dense = t.contiguous();
-    ipc->allreduce(dense.data_ptr(), dense.data_ptr(), count_of(dense), how.dtype, how.op, stream);
-    run_finishing_step(copy_back(t, dense));
-    return std::vector<at::Tensor>{t, dense};
-  });
+  return on_ipc_in_place(device, c10d::OpType::ALLREDUCE, tensors,
+                         [&](const at::Tensor& dense, void* stream) {
+                           ipc->allreduce(dense.data_ptr(), dense.data_ptr(), count_of(dense),
+                                          how.dtype, how.op, stream);
+                         });
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_broadcast(c10::Device device,
@@ -88,13 +99,10 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_broadcast(c10::Device device,
   }
   cuda_ipc::CudaIpc* ipc = ipc_for(device);
   if (!ipc) return {};
-  const at::Tensor t = tensors[0];
-  return on_ipc(device, c10d::OpType::BROADCAST, tensors, [&](void* stream) {
-    at::Tensor dense = t.contiguous();
-    ipc->broadcast(dense.data_ptr(), dense.nbytes(), static_cast<int>(opts.rootRank), stream);
-    run_finishing_step(copy_back(t, dense));
-    return std::vector<at::Tensor>{t, dense};
-  });
+  return on_ipc_in_place(
+      device, c10d::OpType::BROADCAST, tensors, [&](const at::Tensor& dense, void* stream) {
+        ipc->broadcast(dense.data_ptr(), dense.nbytes(), static_cast<int>(opts.rootRank), stream);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce(c10::Device device,
@@ -109,13 +117,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce(c10::Device device,
   if (!how.native) return {};
   cuda_ipc::CudaIpc* ipc = ipc_for(device);
   if (!ipc) return {};
-  return on_ipc(device, c10d::OpType::REDUCE, tensors, [&](void* stream) {
-    at::Tensor dense = t.contiguous();
-    ipc->reduce(dense.data_ptr(), dense.data_ptr(), count_of(dense), how.dtype, how.op,
-                static_cast<int>(opts.rootRank), stream);
-    run_finishing_step(copy_back(t, dense));
-    return std::vector<at::Tensor>{t, dense};
-  });
+  return on_ipc_in_place(device, c10d::OpType::REDUCE, tensors,
+                         [&](const at::Tensor& dense, void* stream) {
+                           ipc->reduce(dense.data_ptr(), dense.data_ptr(), count_of(dense),
+                                       how.dtype, how.op, static_cast<int>(opts.rootRank), stream);
+                         });
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allgather(

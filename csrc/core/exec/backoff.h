@@ -36,7 +36,7 @@ class Backoff {
 
   // One idle round. Throws TimeoutError with `describe()` (what we wait for)
   // once the timeout has passed since the last reset(). When every awaited
-  // connection has a socket (Connection::readiness), the round may sleep on
+  // connection has a socket (Connection::readiness_fd), the round may sleep on
   // them.
   template <typename Describe>
   void idle(Describe describe, std::initializer_list<Awaited> awaited = {}) {

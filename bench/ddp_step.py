@@ -13,6 +13,8 @@ max over ranks: the full step (forward, backward with its gradient allreduce, op
 the same step under no_sync (compute only, no communication); and one allreduce of a flat
 tensor as large as all the gradients (communication only). Systems are launched in turn,
 `--repeats` rounds with the order rotated each round; each figure is the median over rounds.
+Every system's tensors are on transparent huge pages (THP_MEM_ALLOC_ENABLE=1, which the ranks
+inherit) unless `--default-pages`; the table says which.
 """
 
 from __future__ import annotations
@@ -121,7 +123,12 @@ def markdown(report: dict) -> str:
         f"float32 parameters, batch {opts['batch']} per rank, {report['date']}. Milliseconds, "
         f"median of {opts['repeats']} launches (each the mean of {opts['steps']} steps, max over "
         f"ranks). Load average before the run: {report['load_average_before']:.2f} on "
-        f"{os.cpu_count()} cores.",
+        f"{os.cpu_count()} cores. Tensors on "
+        + (
+            "transparent huge pages (THP_MEM_ALLOC_ENABLE=1)."
+            if opts.get("huge_pages")
+            else "torch's default 4 KiB pages."
+        ),
         "",
         "| system | step | compute only (no_sync) | allreduce of all gradients | step / gloo's |",
         "|---|---|---|---|---|",
@@ -144,11 +151,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
     parser.add_argument("--quick", action="store_true", help="width 512, 3 steps, 1 round")
+    parser.add_argument(
+        "--default-pages", action="store_true", help="leave torch's tensors on 4 KiB pages"
+    )
     args = parser.parse_args()
+    if not args.default_pages:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     if args.quick:
         args.width, args.steps, args.warmup, args.repeats = 512, 3, 1, 1
     opts = {k: getattr(args, k) for k in ("width", "batch", "steps", "warmup", "repeats")}
     opts["systems"] = args.systems.split(",")
+    opts["huge_pages"] = not args.default_pages
     load_before = os.getloadavg()[0]
     report = {
         "date": datetime.date.today().isoformat(),
@@ -161,8 +174,9 @@ def main() -> None:
     print(table)
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "ddp_step_ws2.json").write_text(json.dumps(report, indent=1) + "\n")
-        (RESULTS / "ddp_step_ws2.md").write_text(table)
+        stem = "ddp_step_ws2" + ("_default_pages" if args.default_pages else "")
+        (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+        (RESULTS / f"{stem}.md").write_text(table)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #include "buffer.h"
 
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "core/common/error.h"
 
@@ -33,20 +35,65 @@ bool format_to_dtype(const char* format, size_t itemsize, DataType* out) {
   }
 }
 
-bool torch_dtype_to_dtype(const std::string& name, DataType* out) {
-  static const std::pair<const char*, DataType> table[] = {
-      {"torch.float32", DataType::Float32}, {"torch.float64", DataType::Float64},
-      {"torch.float16", DataType::Float16}, {"torch.bfloat16", DataType::BFloat16},
-      {"torch.int8", DataType::Int8},       {"torch.uint8", DataType::UInt8},
-      {"torch.int32", DataType::Int32},     {"torch.int64", DataType::Int64},
-  };
-  for (const auto& [torch_name, dtype] : table) {
-    if (name == torch_name) {
+// torch's dtype objects are singletons, so a tensor's dtype is found by
+// identity; the table is built on the first tensor (torch is imported by then)
+// and kept for the life of the process, as torch keeps the dtypes.
+bool torch_dtype_to_dtype(PyObject* torch_dtype, DataType* out) {
+  static const std::vector<std::pair<PyObject*, DataType>>* table = [] {
+    static const std::pair<const char*, DataType> names[] = {
+        {"float32", DataType::Float32}, {"float64", DataType::Float64},
+        {"float16", DataType::Float16}, {"bfloat16", DataType::BFloat16},
+        {"int8", DataType::Int8},       {"uint8", DataType::UInt8},
+        {"int32", DataType::Int32},     {"int64", DataType::Int64},
+    };
+    auto* t = new std::vector<std::pair<PyObject*, DataType>>();
+    py::module_ torch = py::module_::import("torch");
+    for (const auto& [name, dtype] : names)
+      t->emplace_back(py::object(torch.attr(name)).release().ptr(), dtype);
+    return t;
+  }();
+  for (const auto& [object, dtype] : *table) {
+    if (object == torch_dtype) {
       *out = dtype;
       return true;
     }
   }
   return false;
+}
+
+// The tensor attributes read on every call, as names interned once: a lookup
+// through a fresh string per call costs more than a small collective.
+struct TensorNames {
+  PyObject* data_ptr;
+  PyObject* is_cpu;
+  PyObject* is_contiguous;
+  PyObject* dtype;
+  PyObject* numel;
+};
+
+const TensorNames& tensor_names() {
+  static const TensorNames names = [] {
+    auto intern = [](const char* name) {
+      PyObject* s = PyUnicode_InternFromString(name);
+      if (s == nullptr) throw py::error_already_set();
+      return s;
+    };
+    return TensorNames{intern("data_ptr"), intern("is_cpu"), intern("is_contiguous"),
+                       intern("dtype"), intern("numel")};
+  }();
+  return names;
+}
+
+py::object get(const py::object& tensor, PyObject* name) {
+  PyObject* result = PyObject_GetAttr(tensor.ptr(), name);
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(result);
+}
+
+py::object call(const py::object& tensor, PyObject* method) {
+  PyObject* result = PyObject_CallMethodNoArgs(tensor.ptr(), method);
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(result);
 }
 
 const char* kSupported =
@@ -58,7 +105,7 @@ BufferView::BufferView(const py::handle& obj, const char* what, bool writable)
     : object_(py::reinterpret_borrow<py::object>(obj)) {
   if (PyObject_CheckBuffer(obj.ptr())) {
     from_buffer_protocol(what, writable);
-  } else if (py::hasattr(obj, "data_ptr")) {
+  } else if (PyObject_HasAttr(obj.ptr(), tensor_names().data_ptr)) {
     from_tensor(what);
   } else {
     throw InvalidArgument(std::string(what) +
@@ -95,23 +142,24 @@ void BufferView::from_buffer_protocol(const char* what, bool writable) {
 }
 
 void BufferView::from_tensor(const char* what) {
-  py::object tensor = object_;
-  std::string device = py::str(tensor.attr("device").attr("type"));
-  if (device != "cpu") {
+  const py::object& tensor = object_;
+  const TensorNames& names = tensor_names();
+  if (!get(tensor, names.is_cpu).cast<bool>()) {
+    std::string device = py::str(tensor.attr("device").attr("type"));
     throw InvalidArgument(std::string(what) + " is a " + device +
                           " tensor; weft.Communicator works on host memory (CPU tensors)");
   }
-  if (!tensor.attr("is_contiguous")().cast<bool>()) {
+  if (!call(tensor, names.is_contiguous).cast<bool>()) {
     throw InvalidArgument(std::string(what) +
                           " is not contiguous; pass tensor.contiguous() (and copy back)");
   }
-  std::string dtype_name = py::str(tensor.attr("dtype"));
-  if (!torch_dtype_to_dtype(dtype_name, &dtype_)) {
-    throw InvalidArgument(std::string(what) + " has unsupported dtype " + dtype_name + "; use " +
-                          kSupported);
+  py::object dtype = get(tensor, names.dtype);
+  if (!torch_dtype_to_dtype(dtype.ptr(), &dtype_)) {
+    throw InvalidArgument(std::string(what) + " has unsupported dtype " +
+                          std::string(py::str(dtype)) + "; use " + kSupported);
   }
-  data_ = reinterpret_cast<void*>(tensor.attr("data_ptr")().cast<uintptr_t>());
-  count_ = tensor.attr("numel")().cast<size_t>();
+  data_ = reinterpret_cast<void*>(call(tensor, names.data_ptr).cast<uintptr_t>());
+  count_ = call(tensor, names.numel).cast<size_t>();
 }
 
 BufferView::~BufferView() {

@@ -110,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             "once per process); launch without a launcher for several --algo/--transport"
         )
     entries += [lineup.peer_entry(p, args.op, size, launcher, args.mpirun) for p in args.vs]
+    if not launcher:
+        # Ranks launched here allocate tensors on transparent huge pages, as numpy does by
+        # default; torch reads this when a process first allocates, so a launcher's ranks
+        # (already running) keep the environment the user gave them.
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     plan = {
         "sizes": args.sizes,
         "dtype": args.datatype,
@@ -195,6 +200,7 @@ def build_report(entries, runs, plan, args, size, launcher, argv) -> dict:
         "launcher": launcher.name if launcher else "launched here",
         "ops": args.op,
         "repeats": args.repeats,
+        "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE", "0") == "1",
         "timing": TIMING,
         "bandwidth": BANDWIDTH,
     }

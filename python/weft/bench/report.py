@@ -25,7 +25,9 @@ def header(config: dict) -> list[str]:
     c = config
     return [
         f"# weft-bench: {c['world_size']} ranks ({c['launcher']}), {c['dtype']}, "
-        f"-n {c['iters']} -w {c['warmup']} -c {int(c['check'])}, repeats {c['repeats']}",
+        f"-n {c['iters']} -w {c['warmup']} -c {int(c['check'])}, repeats {c['repeats']}, "
+        f"tensors on {'huge' if c.get('huge_pages') else 'default'} pages "
+        f"(THP_MEM_ALLOC_ENABLE={int(bool(c.get('huge_pages')))})",
         f"# time: {c['timing']}",
         f"# bandwidth: {c['bandwidth']}",
     ]

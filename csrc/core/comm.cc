@@ -8,6 +8,7 @@
 #include "core/common/config.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
+#include "core/exec/cpu_placement.h"
 #include "core/transport/op_signature.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/tcp/tcp_connection.h"
@@ -187,6 +188,7 @@ void Communicator::learn_topology() {
   for (const auto& entry : ranks_on) {
     if (entry.second != topology_.ranks_per_host) topology_.ranks_per_host = 0;
   }
+  cpu_placement::note_ranks_on_host(ranks_on[mesh_->peer(rank_).host_id]);
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   if (forced_algorithm_ == Algorithm::Auto) return;
   for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather,

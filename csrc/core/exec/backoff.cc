@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/common/error.h"
+#include "core/exec/cpu_placement.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -16,9 +17,10 @@ namespace weft {
 namespace {
 
 using std::chrono::microseconds;
-// Spin while the peer is likely mid-slice on its own core; yield while it is
-// likely running but preempted; then nap.
-constexpr auto kSpinFor = microseconds(50);
+// Spin while a peer on another core is likely about to answer (it does in
+// about a microsecond); then yield, which costs about as much when nothing
+// else wants this CPU and hands it over when a peer shares it; then nap.
+constexpr auto kSpinFor = microseconds(2);
 // Loopback TCP takes longer than this to answer anyway; sleeping in ppoll
 // from then on costs only the wake-up.
 constexpr auto kSocketSpinFor = microseconds(10);
@@ -41,7 +43,10 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
   }
   if (waited < kYieldFor) {
     phase_ = Phase::Yield;
+    const Clock::time_point before = Clock::now();
     sched_yield();
+    cpu_placement::after_yield(
+        std::chrono::duration<double, std::micro>(Clock::now() - before).count());
     return;
   }
   phase_ = Phase::Nap;

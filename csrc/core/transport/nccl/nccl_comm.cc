@@ -116,11 +116,10 @@ void NcclComm::call(ncclResult_t result, const std::string& what) {
   }
 }
 
-void NcclComm::begin(const std::string& what) {
+void NcclComm::check_healthy(const std::string& what) const {
   if (!failure_.empty()) {
     throw AbortedError("nccl " + what + ": the NCCL communicator was aborted earlier: " + failure_);
   }
-  check_cuda(cudaSetDevice(device_), "nccl: cudaSetDevice");
 }
 
 void NcclComm::watch(const std::string& what, void* stream) {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/common/cuda_check.h"
 #include "core/transport/device_collectives.h"
 
 namespace weft {
@@ -38,13 +39,15 @@ class NcclComm {
   int size() const { return size_; }
 
   // Runs `enqueue` (NCCL calls made through call(), kernels) with `device`
-  // current and the communicator locked, then has the watchdog follow
-  // `stream` until the operation's work there is done. An Error thrown
-  // inside, or an earlier failure, fails the weft Communicator too.
+  // current (the caller's device is restored after) and the communicator
+  // locked, then has the watchdog follow `stream` until the operation's work
+  // there is done. An Error thrown inside fails the weft Communicator too;
+  // after a failure every call throws AbortedError.
   template <class Enqueue>
   void run(const std::string& what, void* stream, Enqueue enqueue) {
     std::lock_guard<std::mutex> lock(mu_);
-    begin(what);
+    check_healthy(what);
+    DeviceGuard guard(device_);
     try {
       enqueue(handle_);
     } catch (const std::exception& e) {
@@ -66,7 +69,7 @@ class NcclComm {
     double deadline_s;  // steady-clock seconds
   };
 
-  void begin(const std::string& what);
+  void check_healthy(const std::string& what) const;
   void watch(const std::string& what, void* stream);
   void watchdog();
   void fail_locked(const std::string& reason);

@@ -40,8 +40,9 @@ test: install lint
 	$(PYTHON) -m pytest -q -ra
 
 # On a machine with a GPU, after weft is built there (no install step: it keeps that
-# machine's torch): the GPU tests, and into bench/results/ the kernel bandwidth and the
-# allreduce over cuda_ipc (2 and 4 ranks on one GPU) against NCCL at world size 1.
+# machine's torch): the GPU tests (tests/test_gpu_*.py; the nccl ones with 2 to 4 ranks need
+# as many GPUs), and into bench/results/ the kernel bandwidth and the allreduce over cuda_ipc
+# (2 and 4 ranks on one GPU) against NCCL at world size 1 (weft's nccl transport and torch's).
 test-gpu:
 	$(PYTHON) -m pytest -q -ra -m gpu
 

@@ -1,16 +1,19 @@
 """Allreduce of CUDA tensors through torch.distributed: weft over cuda_ipc with several ranks on
-one GPU, next to torch's nccl backend at world size 1, in one run.
+one GPU, next to NCCL at world size 1 (weft's nccl transport, native and Plans, and torch's nccl
+backend), in one run.
 
     python bench/gpu_allreduce.py [-b 8K] [-e 1G] [-f 4] [-n 20] [-w 3] [--ranks 2,4]
 
-Every rank sets GPU 0, so weft's ranks share one GPU (NCCL refuses that: its line runs one rank,
-where an allreduce is a local copy, and shows the per-call cost of its native path). Sizes from
+Every rank sets GPU 0, so weft's ranks share one GPU (NCCL refuses that: its lines run one rank,
+where an allreduce is a local copy, and show the per-call cost of each path: weft's nccl
+transport, native (WEFT_CUDA_PATH=nccl) and with weft's Plans over ncclSend/ncclRecv
+(WEFT_NCCL_MODE=plans, a local copy at one rank), against torch's own nccl backend). Sizes from
 -b to -e by factor -f, plus -e itself; float32 sum, in place, like nccl-tests. Per size: a
 check (every element must equal the world size), -w untimed calls, a barrier, then -n calls
 timed on the host up to a cudaDeviceSynchronize; time per call = elapsed / -n, the slowest
 rank's. Bandwidth as nccl-tests reports it: algbw = S / t, busbw = algbw * 2(n-1)/n (zero at
-world size 1). weft's calls return when the operation is done on every rank (cuda_ipc
-synchronizes on the host between its phases); NCCL's calls are queued.
+world size 1). weft's cuda_ipc calls return when the operation is done on every rank (it
+synchronizes on the host between its phases); NCCL's calls, through weft or torch, are queued.
 
 Writes bench/results/gpu_allreduce_<device>.{json,png}; needs a CUDA device, torch with CUDA
 and weft built with CUDA, and says which one is missing otherwise.
@@ -180,6 +183,16 @@ def main() -> None:
         )
         for n in (int(r) for r in args.ranks.split(","))
     ]
+    import weft.cuda
+
+    for name, env in (
+        ("weft nccl, 1 rank", {"WEFT_CUDA_PATH": "nccl"}),
+        ("weft nccl plans, 1 rank", {"WEFT_CUDA_PATH": "nccl", "WEFT_NCCL_MODE": "plans"}),
+    ):
+        if weft.cuda.nccl_version():
+            systems.append(run_system(name, "weft", 1, env, args, byte_sizes))
+        else:
+            systems.append({"name": name, "status": "skipped", "reason": "weft built without NCCL"})
     if dist.is_nccl_available():
         systems.append(run_system("nccl, 1 rank", "nccl", 1, {}, args, byte_sizes))
     else:
@@ -194,6 +207,7 @@ def main() -> None:
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "nccl": str(torch.cuda.nccl.version()) if dist.is_nccl_available() else None,
+        "weft_nccl": weft.cuda.nccl_version(),
         "config": {
             "dtype": "float32",
             "op": "sum",

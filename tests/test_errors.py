@@ -346,6 +346,9 @@ ENV_CASES = {
     "WEFT_TRANSPORT=bogus": ({"WEFT_TRANSPORT": "bogus"}, None, "WEFT_TRANSPORT"),
     "WEFT_DEBUG=LOUD": ({"WEFT_DEBUG": "LOUD"}, None, "WEFT_DEBUG"),
     "WEFT_ALGO=bogus": ({"WEFT_ALGO": "bogus"}, None, "WEFT_ALGO"),
+    "WEFT_CUDA_PATH=bogus": ({"WEFT_CUDA_PATH": "bogus"}, None, "WEFT_CUDA_PATH"),
+    "WEFT_NCCL_MODE=bogus": ({"WEFT_NCCL_MODE": "bogus"}, None, "WEFT_NCCL_MODE"),
+    "WEFT_NCCL_STEP_BYTES=0": ({"WEFT_NCCL_STEP_BYTES": "0"}, None, "WEFT_NCCL_STEP_BYTES"),
 }
 
 

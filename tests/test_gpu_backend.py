@@ -37,8 +37,9 @@ def case_on_cuda(ctx, name):
         return test_backend.CASES[name](ctx)
 
 
-def case_stream_semantics(ctx):
-    torch.cuda.set_device(0)
+def case_stream_semantics(ctx, own_gpu=False):
+    """own_gpu: rank r on GPU r (NCCL's rule), else every rank on GPU 0."""
+    torch.cuda.set_device(ctx.rank if own_gpu else 0)
     group = groups(ctx).weft
     n = 1 << 20
     expected = float(n * sum(r + 1 for r in range(ctx.size)))
@@ -69,13 +70,15 @@ def case_stream_semantics(ctx):
     return lines
 
 
-def case_ddp_on_cuda(ctx, options):
+def case_ddp_on_cuda(ctx, options, own_gpu=False):
     """weft.DistributedDataParallel on a CUDA model: each step's gradients match a reference
-    that sees the whole global batch (as test_ddp.py does on the CPU)."""
-    torch.cuda.set_device(0)
+    that sees the whole global batch (as test_ddp.py does on the CPU). own_gpu: rank r on GPU r,
+    else every rank on GPU 0."""
+    device = ctx.rank if own_gpu else 0
+    torch.cuda.set_device(device)
     group = groups(ctx).weft
     torch.manual_seed(0)
-    model = weft_ddp(Net().cuda(), group, options)
+    model = weft_ddp(Net().cuda(), group, options, device)
     reference = copy.deepcopy(model.module)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tolerance = 8e-3 if options.get("compression") else 1e-4
@@ -94,10 +97,10 @@ def case_ddp_on_cuda(ctx, options):
     return []
 
 
-def weft_ddp(module, group, options):
+def weft_ddp(module, group, options, device=0):
     import weft
 
-    return weft.DistributedDataParallel(module, device_ids=[0], process_group=group, **options)
+    return weft.DistributedDataParallel(module, device_ids=[device], process_group=group, **options)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -45,6 +45,9 @@ TRANSPORTS = (
     "cuda-staging",
     "cuda-ipc",
     "cuda-ipc-small",
+    "cuda-auto",
+    "cuda-nccl",
+    "cuda-nccl-plans",
 )
 
 SMALL_SLOTS = {
@@ -72,6 +75,18 @@ def transport_env(transport: str, rank: int) -> dict[str, str]:
         return {"WEFT_TRANSPORT": "shm", "WEFT_CUDA_PATH": "staging"}
     if transport == "cuda-ipc":
         return {"WEFT_TRANSPORT": "shm", "WEFT_CUDA_PATH": "ipc"}
+    if transport == "cuda-auto":
+        return {"WEFT_TRANSPORT": "shm"}
+    if transport == "cuda-nccl":
+        return {"WEFT_TRANSPORT": "shm", "WEFT_CUDA_PATH": "nccl"}
+    if transport == "cuda-nccl-plans":
+        # 4 KiB steps: most operations take several rounds of the Plans.
+        return {
+            "WEFT_TRANSPORT": "shm",
+            "WEFT_CUDA_PATH": "nccl",
+            "WEFT_NCCL_MODE": "plans",
+            "WEFT_NCCL_STEP_BYTES": "4096",
+        }
     if transport == "cuda-ipc-small":
         return {
             "WEFT_TRANSPORT": "shm",

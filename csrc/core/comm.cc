@@ -211,48 +211,27 @@ std::string Communicator::transport_to(int peer) const {
   return collective_conns_.at(peer)->transport_name();
 }
 
+Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bool in_place,
+                        bool finalize, size_t max_step_bytes) const {
+  return make_plan(PlanKey{c, count, element_size(dtype), root, in_place, finalize}, dtype,
+                   max_step_bytes);
+}
+
 PlanContext Communicator::plan_context(DataType dtype) const {
   return PlanContext{rank_, size_, element_size(dtype), step_limit_bytes_, host_of_rank_};
 }
 
-Plan Communicator::make_plan(const PlanKey& key, DataType dtype) const {
+Plan Communicator::make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes) const {
   const auto [c, count, elem_size, root, in_place, finalize] = key;
-  const PlanContext ctx = plan_context(dtype);
+  PlanContext ctx = plan_context(dtype);
+  if (max_step_bytes > 0) ctx.max_step_bytes = max_step_bytes;
   if (c == Collective::Barrier) return algo::barrier(ctx);
   const Choice choice = this->choice(c, count * elem_size);
   WEFT_LOG(Info, rank_,
            to_string(c) << " of " << count * elem_size << " bytes: algorithm "
                         << to_string(choice.algorithm) << ", predicted " << choice.predicted_s * 1e6
                         << " us");
-  switch (c) {
-    case Collective::Allreduce:
-      switch (choice.algorithm) {
-        case Algorithm::Oneshot: return algo::oneshot_allreduce(ctx, count, in_place, finalize);
-        case Algorithm::Tree: return algo::double_tree_allreduce(ctx, count, in_place, finalize);
-        case Algorithm::Rd:
-          return algo::recursive_doubling_allreduce(ctx, count, in_place, finalize);
-        case Algorithm::Rhd: return algo::rabenseifner_allreduce(ctx, count, in_place, finalize);
-        case Algorithm::Hier: return algo::hierarchical_allreduce(ctx, count, in_place, finalize);
-        default: return algo::ring_allreduce(ctx, count, in_place, finalize);
-      }
-    case Collective::ReduceScatter:
-      if (choice.algorithm == Algorithm::Rhd)
-        return algo::halving_reduce_scatter(ctx, count, finalize);
-      return algo::ring_reduce_scatter(ctx, count, finalize);
-    case Collective::Allgather:
-      if (choice.algorithm == Algorithm::Rhd) return algo::doubling_allgather(ctx, count, in_place);
-      return algo::ring_allgather(ctx, count, in_place);
-    case Collective::Broadcast:
-      if (choice.algorithm == Algorithm::Tree) return algo::binomial_broadcast(ctx, count, root);
-      return algo::chain_broadcast(ctx, count, root);
-    case Collective::Reduce:
-      if (choice.algorithm == Algorithm::Tree) {
-        return algo::binomial_reduce(ctx, count, root, in_place, finalize);
-      }
-      return algo::chain_reduce(ctx, count, root, in_place, finalize);
-    case Collective::Barrier: break;
-  }
-  throw Error("unknown collective");
+  return algo::plan_for(c, choice.algorithm, ctx, count, root, in_place, finalize);
 }
 
 const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {

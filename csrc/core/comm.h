@@ -49,6 +49,13 @@ class Communicator {
   // time (the same on every rank).
   Choice choice(Collective c, size_t bytes) const;
   const Topology& topology() const { return topology_; }
+  // This rank's Plan of `c` over `count` elements of `dtype`, in the family
+  // the tuner (or WEFT_ALGO) picks, for executors of Plans elsewhere (the
+  // nccl transport). max_step_bytes bounds a step (PlanContext; 0: what this
+  // communicator's connections allow, i.e. the Plan its own executor runs).
+  // Not cached; safe from any thread.
+  Plan plan(Collective c, size_t count, DataType dtype, int root, bool in_place, bool finalize,
+            size_t max_step_bytes = 0) const;
   const CostModel& cost_model() const { return cost_model_; }
   // Measures a cost model now (a collective: every rank calls it, in issue
   // order with the others) and returns it; the tuner keeps its own.
@@ -98,7 +105,7 @@ class Communicator {
   CostModel probe(const ProbeEffort& effort, uint64_t seq);
   PlanContext plan_context(DataType dtype) const;
   const Plan& cached_plan(const PlanKey& key, DataType dtype);
-  Plan make_plan(const PlanKey& key, DataType dtype) const;
+  Plan make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes = 0) const;
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what, bool allow_any) const;
 

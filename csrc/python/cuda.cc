@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/reduce/cuda_reduce.h"
+#include "core/transport/nccl/nccl.h"
 
 namespace py = pybind11;
 
@@ -35,6 +36,9 @@ void bind_cuda(py::module_& m) {
       "Enqueues dst (and dst2 when not 0) = the reduction of `count` elements of every srcs "
       "pointer on `stream` of `device`; returns without waiting.");
   cuda.attr("MAX_INPUTS") = reduce::cuda::kMaxInputs;
+  cuda.def("nccl_version", &nccl::version,
+           "The version of the NCCL library weft uses (\"2.21.5\"), or \"\" when weft was "
+           "built without NCCL.");
 }
 
 }  // namespace weft::python

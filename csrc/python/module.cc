@@ -10,6 +10,7 @@
 #include "buffer.h"
 #include "core/comm.h"
 #include "core/common/error.h"
+#include "schedule.h"
 #include "store.h"
 #include "topo.h"
 #ifdef WEFT_HAVE_CUDA
@@ -324,6 +325,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace weft::python;
   m.doc() = "weft core: collectives over shared memory and TCP";
   bind_topo(m);
+  bind_schedule(m);
 #ifdef WEFT_HAVE_CUDA
   bind_cuda(m);
 #endif

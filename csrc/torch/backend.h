@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/comm.h"
-#include "core/transport/cuda_ipc/cuda_ipc.h"
+#include "core/transport/device_collectives.h"
 #include "cuda_staging.h"
 #include "store_adapter.h"
 
@@ -106,44 +106,46 @@ class WeftBackend : public c10d::Backend {
   // on weft's stream there.
   CudaStaging staging(c10::Device device, const char* what);
 
-  // CUDA tensors over cuda_ipc (cuda_ipc_ops.cc). Each returns a null Work
-  // when the operation keeps the staging path: WEFT_CUDA_PATH, a world that
-  // cuda_ipc cannot serve, or a form it does not take (lists of several
-  // tensors, reductions without a kernel, malformed arguments, which the
-  // staging path then reports).
-  c10::intrusive_ptr<c10d::Work> ipc_allreduce(c10::Device device, std::vector<at::Tensor>& tensors,
-                                               const c10d::AllreduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> ipc_broadcast(c10::Device device, std::vector<at::Tensor>& tensors,
-                                               const c10d::BroadcastOptions& opts);
-  c10::intrusive_ptr<c10d::Work> ipc_reduce(c10::Device device, std::vector<at::Tensor>& tensors,
-                                            const c10d::ReduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> ipc_allgather(c10::Device device,
-                                               std::vector<std::vector<at::Tensor>>& outputs,
-                                               std::vector<at::Tensor>& inputs);
-  c10::intrusive_ptr<c10d::Work> ipc_allgather_base(c10::Device device, at::Tensor& output,
-                                                    at::Tensor& input);
-  c10::intrusive_ptr<c10d::Work> ipc_reduce_scatter(c10::Device device,
-                                                    std::vector<at::Tensor>& outputs,
-                                                    std::vector<std::vector<at::Tensor>>& inputs,
-                                                    const c10d::ReduceScatterOptions& opts);
-  c10::intrusive_ptr<c10d::Work> ipc_reduce_scatter_tensors(c10::Device device,
-                                                            std::vector<at::Tensor>& outputs,
-                                                            std::vector<at::Tensor>& inputs,
-                                                            const c10d::ReduceScatterOptions& opts,
-                                                            c10d::OpType type);
-  // cuda_ipc on `device`, opened on first use; null when CUDA tensors take
-  // the staging path. With WEFT_CUDA_PATH=ipc, throws why cuda_ipc cannot
-  // serve this group.
-  cuda_ipc::CudaIpc* ipc_for(c10::Device device);
+  // CUDA tensors over a GPU transport (device_ops.cc). Each returns a null
+  // Work when the operation keeps the staging path: WEFT_CUDA_PATH, a world
+  // that no GPU transport serves, or a form they do not take (lists of
+  // several tensors, reductions without a kernel, malformed arguments, which
+  // the staging path then reports).
+  c10::intrusive_ptr<c10d::Work> device_allreduce(c10::Device device,
+                                                  std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> device_broadcast(c10::Device device,
+                                                  std::vector<at::Tensor>& tensors,
+                                                  const c10d::BroadcastOptions& opts);
+  c10::intrusive_ptr<c10d::Work> device_reduce(c10::Device device, std::vector<at::Tensor>& tensors,
+                                               const c10d::ReduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> device_allgather(c10::Device device,
+                                                  std::vector<std::vector<at::Tensor>>& outputs,
+                                                  std::vector<at::Tensor>& inputs);
+  c10::intrusive_ptr<c10d::Work> device_allgather_base(c10::Device device, at::Tensor& output,
+                                                       at::Tensor& input);
+  c10::intrusive_ptr<c10d::Work> device_reduce_scatter(c10::Device device,
+                                                       std::vector<at::Tensor>& outputs,
+                                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                                       const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> device_reduce_scatter_tensors(
+      c10::Device device, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts, c10d::OpType type);
+  // The GPU transport of `device` (device_path.cc), chosen and opened on
+  // first use from WEFT_CUDA_PATH and facts every rank agrees on; null when
+  // CUDA tensors take the staging path. A forced path (ipc, nccl) that
+  // cannot serve this group throws why.
+  DeviceCollectives* collectives_for(c10::Device device);
+  std::unique_ptr<DeviceCollectives> open_collectives(int device);
   // Runs `body` (given weft's stream as a cudaStream_t) on weft's stream of
   // `device`, after the caller's current stream; body returns the tensors it
   // used, recorded on weft's stream.
-  c10::intrusive_ptr<c10d::Work> on_ipc(
+  c10::intrusive_ptr<c10d::Work> on_device(
       c10::Device device, c10d::OpType type, std::vector<at::Tensor> outputs,
       const std::function<std::vector<at::Tensor>(void* stream)>& body);
-  // on_ipc for an operation on tensors[0] in place: body works on a
+  // on_device for an operation on tensors[0] in place: body works on a
   // contiguous version of it, copied back when that is a copy.
-  c10::intrusive_ptr<c10d::Work> on_ipc_in_place(
+  c10::intrusive_ptr<c10d::Work> on_device_in_place(
       c10::Device device, c10d::OpType type, std::vector<at::Tensor>& tensors,
       const std::function<void(const at::Tensor& dense, void* stream)>& body);
 
@@ -153,9 +155,10 @@ class WeftBackend : public c10d::Backend {
   // One byte per rank for the monitored barrier's messages.
   std::vector<char> monitored_barrier_bytes_;
   std::unique_ptr<Communicator> comm_;
-  // Per device index; destroyed before the communicator.
-  std::mutex ipc_mutex_;
-  std::map<int, std::unique_ptr<cuda_ipc::CudaIpc>> ipc_;
+  // Per device index: the GPU transport chosen (null: staging); destroyed
+  // before the communicator.
+  std::mutex device_mutex_;
+  std::map<int, std::unique_ptr<DeviceCollectives>> device_paths_;
 };
 
 }  // namespace weft::backend

@@ -9,7 +9,7 @@ namespace weft::backend {
 c10::intrusive_ptr<c10d::Work> WeftBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
   if (auto device = cuda_device_of(tensors)) {
-    if (auto work = ipc_broadcast(*device, tensors, opts)) return work;
+    if (auto work = device_broadcast(*device, tensors, opts)) return work;
     CudaStaging s = staging(*device, "broadcast");
     std::vector<at::Tensor> host = s.twins(tensors, true, true);
     return s.run(rank_, [&] { return broadcast(host, opts); });
@@ -39,7 +39,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather(std::vector<std::vector<at
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
   if (auto device = cuda_device_of(outputs, inputs)) {
-    if (auto work = ipc_allgather(*device, outputs, inputs)) return work;
+    if (auto work = device_allgather(*device, outputs, inputs)) return work;
     CudaStaging s = staging(*device, "allgather");
     std::vector<std::vector<at::Tensor>> host_out = s.twins(outputs, false, true);
     std::vector<at::Tensor> host_in = s.twins(inputs, true, false);
@@ -66,7 +66,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allgather(std::vector<std::vector<at
 c10::intrusive_ptr<c10d::Work> WeftBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
   if (auto device = cuda_device_of(output, input)) {
-    if (auto work = ipc_allgather_base(*device, output, input)) return work;
+    if (auto work = device_allgather_base(*device, output, input)) return work;
     CudaStaging s = staging(*device, "all_gather_into_tensor");
     at::Tensor host_out = s.twin(output, false, true);
     at::Tensor host_in = s.twin(input, true, false);

@@ -8,7 +8,7 @@ namespace weft::backend {
 c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
   if (auto device = cuda_device_of(tensors)) {
-    if (auto work = ipc_allreduce(*device, tensors, opts)) return work;
+    if (auto work = device_allreduce(*device, tensors, opts)) return work;
     CudaStaging s = staging(*device, "allreduce");
     std::vector<at::Tensor> host = s.twins(tensors, true, true);
     return s.run(rank_, [&] { return allreduce(host, opts); });
@@ -76,7 +76,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> WeftBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
   if (auto device = cuda_device_of(tensors)) {
-    if (auto work = ipc_reduce(*device, tensors, opts)) return work;
+    if (auto work = device_reduce(*device, tensors, opts)) return work;
     CudaStaging s = staging(*device, "reduce");
     std::vector<at::Tensor> host = s.twins(tensors, true, true);
     return s.run(rank_, [&] { return reduce(host, opts); });
@@ -107,7 +107,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (auto device = cuda_device_of(outputs, inputs)) {
-    if (auto work = ipc_reduce_scatter(*device, outputs, inputs, opts)) return work;
+    if (auto work = device_reduce_scatter(*device, outputs, inputs, opts)) return work;
     CudaStaging s = staging(*device, "reduce_scatter");
     std::vector<at::Tensor> host_out = s.twins(outputs, false, true);
     std::vector<std::vector<at::Tensor>> host_in = s.twins(inputs, true, false);
@@ -157,7 +157,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensors(
     const c10d::ReduceScatterOptions& opts, c10d::OpType type) {
   const char* what = "reduce_scatter_tensor";
   if (auto device = cuda_device_of(outputs, inputs)) {
-    if (auto work = ipc_reduce_scatter_tensors(*device, outputs, inputs, opts, type)) return work;
+    if (auto work = device_reduce_scatter_tensors(*device, outputs, inputs, opts, type))
+      return work;
     CudaStaging s = staging(*device, what);
     std::vector<at::Tensor> host_out = s.twins(outputs, false, true);
     std::vector<at::Tensor> host_in = s.twins(inputs, true, false);

@@ -30,6 +30,15 @@ def _require():
     return _kernels
 
 
+def nccl_version() -> str | None:
+    """The version of the NCCL library weft's nccl transport uses (``"2.21.5"``: the one loaded,
+    which may be torch's), or None when weft was built without NCCL (or without CUDA). Needs no
+    GPU."""
+    if _kernels is None:
+        return None
+    return _kernels.nccl_version() or None
+
+
 def device_count() -> int:
     """The number of CUDA devices; raises ``weft.Error`` when there is none or no driver."""
     return _require().device_count()

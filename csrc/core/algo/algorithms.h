@@ -6,6 +6,7 @@
 //   hierarchical.cc      allreduce inside hosts, then across them
 //   oneshot.cc           one-shot allreduce for small messages, barrier
 //   direct.cc            pairwise all-to-all, gather, scatter, local copy
+//   select.cc            plan_for(): the Plan of a collective in a family
 // All take the rank's PlanContext and return that rank's Plan. Counts are in
 // elements; "in_place" means Input and Output are the same memory; "finalize"
 // means the op is Avg and the last reduction divides.
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/algo/plan.h"
+#include "core/tune/cost_model.h"
 
 namespace weft::algo {
 
@@ -88,5 +90,11 @@ Plan direct_gather(const PlanContext& ctx, size_t count, int root);
 Plan direct_scatter(const PlanContext& ctx, size_t count, int root);
 // Output = Input (count elements), with the Avg division when finalize.
 Plan local_copy(size_t count, bool in_place, bool finalize);
+
+// The Plan of collective `c` in family `a`; a family `c` has no form in
+// (Auto included) gives its default: ring, or chain for broadcast and reduce.
+// `root` matters to broadcast and reduce; barrier ignores the rest.
+Plan plan_for(Collective c, Algorithm a, const PlanContext& ctx, size_t count, int root,
+              bool in_place, bool finalize);
 
 }  // namespace weft::algo

@@ -86,11 +86,22 @@ Config parse() {
       c.cuda_path = CudaPath::Staging;
     } else if (s == "ipc") {
       c.cuda_path = CudaPath::Ipc;
+    } else if (s == "nccl") {
+      c.cuda_path = CudaPath::Nccl;
     } else if (s != "auto") {
-      throw InvalidArgument("WEFT_CUDA_PATH='" + s + "': use auto, staging or ipc");
+      throw InvalidArgument("WEFT_CUDA_PATH='" + s + "': use auto, staging, ipc or nccl");
     }
   }
   c.cuda_ipc_chunk_bytes = env_long("WEFT_CUDA_IPC_CHUNK_BYTES", c.cuda_ipc_chunk_bytes);
+  if (const char* mode = env("WEFT_NCCL_MODE")) {
+    std::string s(mode);
+    if (s == "plans") {
+      c.nccl_mode = NcclMode::Plans;
+    } else if (s != "native") {
+      throw InvalidArgument("WEFT_NCCL_MODE='" + s + "': use native or plans");
+    }
+  }
+  c.nccl_step_bytes = env_long("WEFT_NCCL_STEP_BYTES", c.nccl_step_bytes);
   return c;
 }
 

@@ -10,8 +10,13 @@ namespace weft {
 enum class TransportChoice { Auto, Tcp, Shm };
 enum class LogLevel { Off, Info, Trace };
 // How the torch backend moves CUDA tensors: through pinned host twins over
-// shm/tcp, or over cuda_ipc (auto: cuda_ipc when every rank is on one host).
-enum class CudaPath { Auto, Staging, Ipc };
+// shm/tcp, over cuda_ipc or over nccl (auto: nccl when weft has it and every
+// rank has its own GPU, else cuda_ipc when every rank is on one host, else
+// staging).
+enum class CudaPath { Auto, Staging, Ipc, Nccl };
+// What the nccl transport runs: NCCL's own collectives, or weft's Plans
+// with ncclSend/ncclRecv as the data path.
+enum class NcclMode { Native, Plans };
 
 struct Config {
   TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm
@@ -28,8 +33,10 @@ struct Config {
   size_t streaming_bytes = 8 << 20;     // WEFT_STREAMING_BYTES: outputs this large bypass the cache
   std::string algo = "auto";            // WEFT_ALGO: auto or an algorithm family
   std::string tune = "measure";         // WEFT_TUNE: measure | off | <cost model file>
-  CudaPath cuda_path = CudaPath::Auto;  // WEFT_CUDA_PATH=auto|staging|ipc
+  CudaPath cuda_path = CudaPath::Auto;  // WEFT_CUDA_PATH=auto|staging|ipc|nccl
   size_t cuda_ipc_chunk_bytes = 64 << 20;  // WEFT_CUDA_IPC_CHUNK_BYTES: IPC staging per rank
+  NcclMode nccl_mode = NcclMode::Native;   // WEFT_NCCL_MODE=native|plans
+  size_t nccl_step_bytes = 4 << 20;        // WEFT_NCCL_STEP_BYTES: largest step of nccl plans
 };
 
 // The process-wide configuration, parsed from the environment on first use.

@@ -25,7 +25,7 @@
 namespace weft::cuda_ipc {
 namespace {
 
-class Collectives final : public CudaIpc {
+class Collectives final : public DeviceCollectives {
  public:
   Collectives(Communicator& comm, int device)
       : comm_(comm),
@@ -34,6 +34,8 @@ class Collectives final : public CudaIpc {
         size_(comm.size()),
         staging_bytes_(config().cuda_ipc_chunk_bytes),
         staging_(comm, device) {}
+
+  const char* name() const override { return "cuda_ipc"; }
 
   void allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                  void* stream) override {
@@ -202,7 +204,7 @@ class Collectives final : public CudaIpc {
 
 }  // namespace
 
-std::unique_ptr<CudaIpc> open_collectives(Communicator& comm, int device) {
+std::unique_ptr<DeviceCollectives> open_collectives(Communicator& comm, int device) {
   return std::make_unique<Collectives>(comm, device);
 }
 

@@ -15,6 +15,6 @@ namespace weft::cuda_ipc {
 // barrier's cost and HBM bandwidth, to be set from bench/gpu_allreduce.py.
 constexpr size_t kTwoShotMinBytes = 256 << 10;
 
-std::unique_ptr<CudaIpc> open_collectives(Communicator& comm, int device);
+std::unique_ptr<DeviceCollectives> open_collectives(Communicator& comm, int device);
 
 }  // namespace weft::cuda_ipc

@@ -24,7 +24,7 @@ std::string why_not_usable(const Communicator& comm) {
 #endif
 }
 
-std::unique_ptr<CudaIpc> open(Communicator& comm, int device) {
+std::unique_ptr<DeviceCollectives> open(Communicator& comm, int device) {
   const std::string why = why_not_usable(comm);
 #ifdef WEFT_HAVE_CUDA
   if (why.empty()) return open_collectives(comm, device);

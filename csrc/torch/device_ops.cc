@@ -1,14 +1,14 @@
-// CUDA tensors over cuda_ipc (core/transport/cuda_ipc/): allreduce,
-// broadcast, reduce, allgather (list and into one tensor), reduce_scatter
-// (list and tensor forms). The operation runs on weft's stream of the device
-// after the caller's current stream, like the staging path (cuda_staging.h),
-// but the bytes never leave the GPU. The core's calls return once every
-// rank is done; the copies back into non-contiguous tensors are left queued
-// on weft's stream, which Work.wait() and the future make the caller wait for.
+// CUDA tensors over a GPU transport (cuda_ipc or nccl, chosen per device by
+// device_path.cc): allreduce, broadcast, reduce, allgather (list and into
+// one tensor), reduce_scatter (list and tensor forms). The operation runs on
+// weft's stream of the device after the caller's current stream, like the
+// staging path (cuda_staging.h), but the bytes never leave the GPU. cuda_ipc
+// returns once every rank is done, nccl once the work is queued; either way
+// the copies back into non-contiguous tensors are queued on weft's stream,
+// which Work.wait() and the future make the caller wait for.
 #include <c10/core/StreamGuard.h>
 
 #include "backend.h"
-#include "core/common/config.h"
 #include "device_work.h"
 #include "errors.h"
 #include "op_helpers.h"
@@ -34,21 +34,7 @@ std::vector<at::Tensor> joined(std::initializer_list<at::TensorList> lists) {
 
 }  // namespace
 
-cuda_ipc::CudaIpc* WeftBackend::ipc_for(c10::Device device) {
-  try {
-    const CudaPath path = config().cuda_path;
-    if (path == CudaPath::Staging) return nullptr;
-    if (path == CudaPath::Auto && !cuda_ipc::why_not_usable(*comm_).empty()) return nullptr;
-    std::lock_guard<std::mutex> lock(ipc_mutex_);
-    std::unique_ptr<cuda_ipc::CudaIpc>& ipc = ipc_[device.index()];
-    if (!ipc) ipc = cuda_ipc::open(*comm_, device.index());
-    return ipc.get();
-  } catch (...) {
-    rethrow_as_torch_error(std::current_exception());
-  }
-}
-
-c10::intrusive_ptr<c10d::Work> WeftBackend::on_ipc(
+c10::intrusive_ptr<c10d::Work> WeftBackend::on_device(
     c10::Device device, c10d::OpType type, std::vector<at::Tensor> outputs,
     const std::function<std::vector<at::Tensor>(void* stream)>& body) {
   const c10::Stream stream = stream_for(device);
@@ -62,11 +48,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::on_ipc(
   return c10::make_intrusive<DeviceWork>(rank_, type, stream, std::move(outputs));
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::on_ipc_in_place(
+c10::intrusive_ptr<c10d::Work> WeftBackend::on_device_in_place(
     c10::Device device, c10d::OpType type, std::vector<at::Tensor>& tensors,
     const std::function<void(const at::Tensor& dense, void* stream)>& body) {
   const at::Tensor t = tensors[0];
-  return on_ipc(device, type, tensors, [&](void* stream) {
+  return on_device(device, type, tensors, [&](void* stream) {
     at::Tensor dense = t.contiguous();
     body(dense, stream);
     run_finishing_step(copy_back(t, dense));
@@ -74,40 +60,40 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::on_ipc_in_place(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allreduce(c10::Device device,
-                                                          std::vector<at::Tensor>& tensors,
-                                                          const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> WeftBackend::device_allreduce(c10::Device device,
+                                                             std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
   if (tensors.size() != 1 || !all_on(device, tensors)) return {};
   const at::Tensor t = tensors[0];
   const Reduction how = plan_reduction(t.scalar_type(), opts.reduceOp);
   if (!how.native) return {};
-  cuda_ipc::CudaIpc* ipc = ipc_for(device);
-  if (!ipc) return {};
-  return on_ipc_in_place(device, c10d::OpType::ALLREDUCE, tensors,
-                         [&](const at::Tensor& dense, void* stream) {
-                           ipc->allreduce(dense.data_ptr(), dense.data_ptr(), count_of(dense),
-                                          how.dtype, how.op, stream);
-                         });
+  DeviceCollectives* gpu = collectives_for(device);
+  if (!gpu) return {};
+  return on_device_in_place(device, c10d::OpType::ALLREDUCE, tensors,
+                            [&](const at::Tensor& dense, void* stream) {
+                              gpu->allreduce(dense.data_ptr(), dense.data_ptr(), count_of(dense),
+                                             how.dtype, how.op, stream);
+                            });
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_broadcast(c10::Device device,
-                                                          std::vector<at::Tensor>& tensors,
-                                                          const c10d::BroadcastOptions& opts) {
+c10::intrusive_ptr<c10d::Work> WeftBackend::device_broadcast(c10::Device device,
+                                                             std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
   if (tensors.size() != 1 || opts.rootTensor != 0 || opts.rootRank < 0 || opts.rootRank >= size_ ||
       !all_on(device, tensors)) {
     return {};
   }
-  cuda_ipc::CudaIpc* ipc = ipc_for(device);
-  if (!ipc) return {};
-  return on_ipc_in_place(
+  DeviceCollectives* gpu = collectives_for(device);
+  if (!gpu) return {};
+  return on_device_in_place(
       device, c10d::OpType::BROADCAST, tensors, [&](const at::Tensor& dense, void* stream) {
-        ipc->broadcast(dense.data_ptr(), dense.nbytes(), static_cast<int>(opts.rootRank), stream);
+        gpu->broadcast(dense.data_ptr(), dense.nbytes(), static_cast<int>(opts.rootRank), stream);
       });
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce(c10::Device device,
-                                                       std::vector<at::Tensor>& tensors,
-                                                       const c10d::ReduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> WeftBackend::device_reduce(c10::Device device,
+                                                          std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
   if (tensors.size() != 1 || opts.rootRank < 0 || opts.rootRank >= size_ ||
       !all_on(device, tensors)) {
     return {};
@@ -115,16 +101,16 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce(c10::Device device,
   const at::Tensor t = tensors[0];
   const Reduction how = plan_reduction(t.scalar_type(), opts.reduceOp);
   if (!how.native) return {};
-  cuda_ipc::CudaIpc* ipc = ipc_for(device);
-  if (!ipc) return {};
-  return on_ipc_in_place(device, c10d::OpType::REDUCE, tensors,
-                         [&](const at::Tensor& dense, void* stream) {
-                           ipc->reduce(dense.data_ptr(), dense.data_ptr(), count_of(dense),
-                                       how.dtype, how.op, static_cast<int>(opts.rootRank), stream);
-                         });
+  DeviceCollectives* gpu = collectives_for(device);
+  if (!gpu) return {};
+  return on_device_in_place(
+      device, c10d::OpType::REDUCE, tensors, [&](const at::Tensor& dense, void* stream) {
+        gpu->reduce(dense.data_ptr(), dense.data_ptr(), count_of(dense), how.dtype, how.op,
+                    static_cast<int>(opts.rootRank), stream);
+      });
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allgather(
+c10::intrusive_ptr<c10d::Work> WeftBackend::device_allgather(
     c10::Device device, std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs) {
   if (inputs.size() != 1 || outputs.size() != 1 ||
@@ -137,12 +123,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allgather(
   for (const at::Tensor& out : outs) {
     if (out.scalar_type() != input.scalar_type() || out.sizes() != input.sizes()) return {};
   }
-  cuda_ipc::CudaIpc* ipc = ipc_for(device);
-  if (!ipc) return {};
-  return on_ipc(device, c10d::OpType::ALLGATHER, outs, [&](void* stream) {
+  DeviceCollectives* gpu = collectives_for(device);
+  if (!gpu) return {};
+  return on_device(device, c10d::OpType::ALLGATHER, outs, [&](void* stream) {
     at::Tensor in = input.contiguous();
     at::Tensor gathered = at::empty({size_, in.numel()}, in.options());
-    ipc->allgather(in.data_ptr(), gathered.data_ptr(), in.nbytes(), stream);
+    gpu->allgather(in.data_ptr(), gathered.data_ptr(), in.nbytes(), stream);
     run_finishing_step([&] {
       for (int r = 0; r < size_; ++r) outs[r].copy_(gathered[r].view(outs[r].sizes()));
     });
@@ -150,25 +136,25 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allgather(
   });
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_allgather_base(c10::Device device,
-                                                               at::Tensor& output,
-                                                               at::Tensor& input) {
+c10::intrusive_ptr<c10d::Work> WeftBackend::device_allgather_base(c10::Device device,
+                                                                  at::Tensor& output,
+                                                                  at::Tensor& input) {
   if (!all_on(device, {output, input}) || output.scalar_type() != input.scalar_type() ||
       output.numel() != input.numel() * size_) {
     return {};
   }
-  cuda_ipc::CudaIpc* ipc = ipc_for(device);
-  if (!ipc) return {};
-  return on_ipc(device, c10d::OpType::_ALLGATHER_BASE, {output}, [&](void* stream) {
+  DeviceCollectives* gpu = collectives_for(device);
+  if (!gpu) return {};
+  return on_device(device, c10d::OpType::_ALLGATHER_BASE, {output}, [&](void* stream) {
     at::Tensor in = input.contiguous();
     at::Tensor out = output.contiguous();
-    ipc->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), stream);
+    gpu->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), stream);
     run_finishing_step(copy_back(output, out));
     return std::vector<at::Tensor>{output, input, in, out};
   });
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce_scatter(
+c10::intrusive_ptr<c10d::Work> WeftBackend::device_reduce_scatter(
     c10::Device device, std::vector<at::Tensor>& outputs,
     std::vector<std::vector<at::Tensor>>& inputs, const c10d::ReduceScatterOptions& opts) {
   if (outputs.size() != 1 || inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_) ||
@@ -181,19 +167,19 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce_scatter(
   }
   const Reduction how = plan_reduction(out.scalar_type(), opts.reduceOp);
   if (!how.native) return {};
-  cuda_ipc::CudaIpc* ipc = ipc_for(device);
-  if (!ipc) return {};
-  return on_ipc(device, c10d::OpType::REDUCE_SCATTER, outputs, [&](void* stream) {
+  DeviceCollectives* gpu = collectives_for(device);
+  if (!gpu) return {};
+  return on_device(device, c10d::OpType::REDUCE_SCATTER, outputs, [&](void* stream) {
     at::Tensor stacked = at::stack(inputs[0]);
     at::Tensor dense = out.contiguous();
-    ipc->reduce_scatter(stacked.data_ptr(), dense.data_ptr(), count_of(dense), how.dtype, how.op,
+    gpu->reduce_scatter(stacked.data_ptr(), dense.data_ptr(), count_of(dense), how.dtype, how.op,
                         stream);
     run_finishing_step(copy_back(out, dense));
     return joined({inputs[0], {out, stacked, dense}});
   });
 }
 
-c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce_scatter_tensors(
+c10::intrusive_ptr<c10d::Work> WeftBackend::device_reduce_scatter_tensors(
     c10::Device device, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts, c10d::OpType type) {
   if (inputs.size() != outputs.size() || !all_on(device, outputs) || !all_on(device, inputs)) {
@@ -208,12 +194,12 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::ipc_reduce_scatter_tensors(
     hows.push_back(plan_reduction(outputs[i].scalar_type(), opts.reduceOp));
     if (!hows.back().native) return {};
   }
-  cuda_ipc::CudaIpc* ipc = ipc_for(device);
-  if (!ipc) return {};
-  return on_ipc(device, type, outputs, [&](void* stream) {
+  DeviceCollectives* gpu = collectives_for(device);
+  if (!gpu) return {};
+  return on_device(device, type, outputs, [&](void* stream) {
     StagedPairs staged = stage_pairs(inputs, outputs);
     for (size_t i = 0; i < staged.ins.size(); ++i) {
-      ipc->reduce_scatter(staged.ins[i].data_ptr(), staged.outs[i].data_ptr(),
+      gpu->reduce_scatter(staged.ins[i].data_ptr(), staged.outs[i].data_ptr(),
                           count_of(staged.outs[i]), hows[i].dtype, hows[i].op, stream);
     }
     run_finishing_step(staged.finish);

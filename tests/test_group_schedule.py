@@ -1,0 +1,235 @@
+"""The nccl transport's Plan executor, replayed on the host: every rank's Plan rewritten into
+batches of sends and receives and reduction kernels (csrc/core/exec/group_schedule.h, the
+schedule the GPU runs with ncclSend/ncclRecv and weft's kernels) is run here by a model of
+NCCL's semantics, with numpy for the kernels, and must end with the collective's result.
+
+The model: a rank runs its actions in order (its stream). A reduce runs at once. A batch waits
+until every one of its transfers is matched: the k-th send from a to b with the k-th receive
+at b from a, both sides posted (their ranks reached the batches holding them), with equal
+byte counts; matched data moves as a whole. Ranks that all wait with nothing matched are
+deadlocked. Inside a batch no receive may overlap another transfer's memory. No GPU needed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import weft._C as C
+
+DTYPES = {4: np.int32, 8: np.float64}
+
+
+OPS = {"sum": np.add, "avg": np.add, "max": np.maximum, "prod": np.multiply}
+
+
+class Rank:
+    """One rank's memory (numpy byte arrays per region) and its place in its schedule."""
+
+    def __init__(self, rank, plan, regions, dtype):
+        self.rank = rank
+        self.actions = plan["actions"]
+        self.mem = regions
+        self.dtype = dtype
+        self.pc = 0
+
+    def view(self, ref, nbytes):
+        region, offset = ref
+        return self.mem[region][offset : offset + nbytes]
+
+    def where(self, ref, nbytes):
+        """(buffer, begin, end) of a reference: Input aliases Output when in place."""
+        view = self.view(ref, nbytes)
+        base = view.base if view.base is not None else view
+        start = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return id(base), start, start + nbytes
+
+    def reduce(self, action, size, op):
+        _, dst, srcs, count, finalize = action
+        nbytes = count * np.dtype(self.dtype).itemsize
+        acc = self.view(srcs[0], nbytes).view(self.dtype).copy()
+        for src in srcs[1:]:
+            acc = OPS[op](acc, self.view(src, nbytes).view(self.dtype))
+        if finalize and op == "avg":
+            acc = acc / size if self.dtype == np.float64 else np.trunc(acc / size)
+        self.view(dst, nbytes)[:] = acc.astype(self.dtype).view(np.uint8)
+
+
+def number_transfers(ranks):
+    """Each batch's transfers as (key, kind, ref, bytes): the k-th send from a to b and the k-th
+    receive at b from a share the key (a, b, k)."""
+    counters = {}
+    numbered = []
+    for r in ranks:
+        mine = []
+        for action in r.actions:
+            keyed = []
+            for kind, peer, ref, nbytes in action[1] if action[0] == "batch" else ():
+                pair = (r.rank, peer, kind) if kind == "send" else (peer, r.rank, kind)
+                k = counters.get(pair, 0)
+                counters[pair] = k + 1
+                keyed.append(((pair[0], pair[1], k), kind, ref, nbytes))
+            mine.append(keyed)
+        numbered.append(mine)
+    for src, dst, kind in counters:
+        other = (src, dst, "recv" if kind == "send" else "send")
+        assert counters[(src, dst, kind)] == counters.get(other, 0), f"unmatched {src}->{dst}"
+    return numbered
+
+
+def check_batch(r, keyed):
+    """No receive of a batch overlaps the memory of another of its transfers."""
+    spans = [(kind, r.where(ref, n)) for _, kind, ref, n in keyed]
+    for i, (kind, a) in enumerate(spans):
+        for j, (_, b) in enumerate(spans):
+            if kind == "recv" and i != j and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]:
+                raise AssertionError(f"rank {r.rank}: a receive overlaps a transfer of its batch")
+
+
+def replay(ranks, size, op):
+    """Runs every rank's schedule to the end; fails on a deadlock or a mismatch."""
+    numbered = number_transfers(ranks)
+    posted = {}  # (key, kind) -> (rank, ref, bytes)
+    done = set()
+    while any(r.pc < len(r.actions) for r in ranks):
+        progress = False
+        for r in ranks:
+            while r.pc < len(r.actions):
+                if r.actions[r.pc][0] == "reduce":
+                    r.reduce(r.actions[r.pc], size, op)
+                    r.pc += 1
+                    progress = True
+                    continue
+                keyed = numbered[r.rank][r.pc]
+                check_batch(r, keyed)
+                for key, kind, ref, n in keyed:
+                    posted[(key, kind)] = (r, ref, n)
+                for key, _, _, _ in keyed:
+                    send, recv = posted.get((key, "send")), posted.get((key, "recv"))
+                    if key in done or not (send and recv):
+                        continue
+                    assert send[2] == recv[2], f"{key}: {send[2]} bytes sent, {recv[2]} awaited"
+                    recv[0].view(recv[1], recv[2])[:] = send[0].view(send[1], send[2])
+                    done.add(key)
+                    progress = True
+                if not all(key in done for key, *_ in keyed):
+                    break
+                r.pc += 1
+                progress = True
+        assert progress, "deadlock: " + ", ".join(f"rank {r.rank} at {r.pc}" for r in ranks)
+
+
+def run(collective, algorithm, size, count, elem, op, in_place, root=0, hosts=(), step=256):
+    dtype = DTYPES[elem]
+    rng = np.random.default_rng(size * 1000 + count)
+    width = size if collective == "reduce_scatter" else 1
+    inputs = [rng.integers(-20, 20, count * width).astype(dtype) for _ in range(size)]
+    if op == "prod":
+        inputs = [rng.integers(-2, 3, count * width).astype(dtype) for _ in range(size)]
+    out_count = count * size if collective == "allgather" else count
+    ranks = []
+    for r in range(size):
+        out = np.zeros(out_count * elem, np.uint8)
+        if collective == "broadcast":
+            out[:] = inputs[r].view(np.uint8)
+            alias = 0
+            inp = out
+        elif in_place:
+            alias = r * count * elem if collective == "allgather" else 0
+            out[alias : alias + count * elem] = inputs[r].view(np.uint8)
+            inp = out[alias : alias + count * elem]
+        else:
+            alias = None
+            inp = inputs[r].view(np.uint8).copy()
+        plan = C.group_schedule(
+            collective,
+            algorithm,
+            r,
+            size,
+            count,
+            elem,
+            root=root,
+            in_place=in_place or collective == "broadcast",
+            finalize=op == "avg",
+            input_in_output=alias,
+            max_step_bytes=step,
+            hosts=list(hosts) or [0] * size,
+            max_inputs=3,
+        )
+        regions = {
+            "input": inp,
+            "output": out,
+            "scratch": np.zeros(plan["scratch_bytes"], np.uint8),
+            "temp0": np.zeros(plan["temp_bytes"], np.uint8),
+            "temp1": np.zeros(plan["temp_bytes"], np.uint8),
+        }
+        ranks.append(Rank(r, plan, regions, dtype))
+    replay(ranks, size, op)
+    stacked = np.stack(inputs).astype(np.float64)
+    fold = {"sum": np.sum, "avg": np.sum, "max": np.max, "prod": np.prod}[op](stacked, axis=0)
+    if op == "avg":
+        fold = fold / size if dtype == np.float64 else np.trunc(fold / size)
+    got = [r.mem["output"].view(dtype) for r in ranks]
+    for r in range(size):
+        if collective == "allreduce":
+            want = fold
+        elif collective == "reduce_scatter":
+            want = fold[r * count : (r + 1) * count]
+        elif collective == "allgather":
+            want = np.concatenate(inputs)
+        elif collective == "broadcast":
+            want = inputs[root]
+        else:  # reduce
+            if r != root:
+                continue
+            want = fold
+        np.testing.assert_allclose(got[r], want, err_msg=f"rank {r} of {size}")
+
+
+ALLREDUCE = ["ring", "tree", "rd", "rhd", "oneshot"]
+
+
+@pytest.mark.parametrize("algorithm", ALLREDUCE)
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("step", [64, 1 << 20], ids=["rounds", "one-round"])
+def test_allreduce(algorithm, size, in_place, step):
+    for count, elem, op in [(0, 4, "sum"), (1, 8, "max"), (37, 4, "sum"), (301, 8, "avg")]:
+        run("allreduce", algorithm, size, count, elem, op, in_place, step=step)
+    run("allreduce", algorithm, size, 29, 4, "avg", in_place, step=step)
+    run("allreduce", algorithm, size, 23, 8, "prod", in_place, step=step)
+
+
+def test_hierarchical_allreduce():
+    for per_host in (2, 3):
+        hosts = [r // per_host for r in range(2 * per_host)]
+        run("allreduce", "hier", 2 * per_host, 211, 4, "sum", False, hosts=hosts)
+        run("allreduce", "hier", 2 * per_host, 97, 8, "avg", True, hosts=hosts)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rhd"])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+def test_reduce_scatter(algorithm, size):
+    if algorithm == "rhd" and size & (size - 1):
+        pytest.skip("recursive halving needs a power-of-two world")
+    for count, elem, op in [(1, 4, "sum"), (53, 8, "max"), (64, 4, "avg")]:
+        run("reduce_scatter", algorithm, size, count, elem, op, False)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rhd"])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_allgather(algorithm, size, in_place):
+    if algorithm == "rhd" and size & (size - 1):
+        pytest.skip("recursive doubling needs a power-of-two world")
+    for count in (1, 40, 333):
+        run("allgather", algorithm, size, count, 4, "sum", in_place)
+
+
+@pytest.mark.parametrize("algorithm", ["chain", "tree"])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_broadcast_and_reduce(algorithm, size):
+    for root in {0, size - 1}:
+        run("broadcast", algorithm, size, 257, 4, "sum", True, root=root)
+        run("reduce", algorithm, size, 257, 8, "sum", False, root=root)
+        run("reduce", algorithm, size, 100, 4, "avg", True, root=root)
+        run("reduce", algorithm, size, 31, 8, "max", False, root=root)

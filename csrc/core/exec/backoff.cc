@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <sstream>
@@ -26,6 +27,15 @@ constexpr auto kSpinFor = microseconds(2);
 constexpr auto kSocketSpinFor = microseconds(10);
 constexpr auto kYieldFor = microseconds(1000);
 constexpr auto kNapLongAfter = microseconds(20000);
+constexpr auto kNap = microseconds(50);
+constexpr auto kLongNap = microseconds(1000);
+// A yield with nothing else runnable returns in about a microsecond; one that
+// took this long gave the CPU to another task.
+constexpr auto kCrowdedYield = microseconds(20);
+// With another task on the CPU (the training loop's compute thread, another
+// rank), a yield hands it a whole time slice, milliseconds; a short sleep
+// lets it run and wakes this rank to progress soon after.
+constexpr auto kCrowdedNap = microseconds(20);
 
 }  // namespace
 
@@ -41,16 +51,25 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
     pause();
     return;
   }
-  if (waited < kYieldFor) {
+  if (waited < kYieldFor && !crowded_) {
     phase_ = Phase::Yield;
     const Clock::time_point before = Clock::now();
     sched_yield();
-    cpu_placement::after_yield(
-        std::chrono::duration<double, std::micro>(Clock::now() - before).count());
+    if (Clock::now() - before >= kCrowdedYield) {
+      crowded_ = true;
+      cpu_placement::crowded();
+    }
     return;
   }
   phase_ = Phase::Nap;
-  timespec ts{0, waited < kNapLongAfter ? 50000 : 1000000};
+  nap(waited < kNapLongAfter ? (crowded_ ? kCrowdedNap : kNap) : kLongNap);
+}
+
+void Backoff::nap(std::chrono::nanoseconds length) {
+  // Without this, Linux lets a 20 us sleep last 70 us (the default timer slack).
+  thread_local const bool precise = prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
+  (void)precise;
+  timespec ts{0, static_cast<long>(length.count())};
   nanosleep(&ts, nullptr);
 }
 

@@ -1,11 +1,13 @@
-// How the executor waits: spin first (a peer on another core answers in well
-// under a microsecond), then yield, then sleep in short naps so that
-// oversubscribed ranks leave the cores to the ranks that have work. When the
-// wait is for sockets, the yields and naps become sleeps in ppoll() on them:
-// the kernel wakes the rank when bytes arrive, and the cores go to the ranks
-// that have work meanwhile. The phases are measured in time, not iterations,
-// because the cost of a pause instruction varies tenfold between CPUs. Throws
-// TimeoutError once nothing has progressed for the timeout.
+// How the executor waits: spin first (a peer on another core answers in about
+// a microsecond), then yield, then sleep in short naps so that oversubscribed
+// ranks leave the cores to the ranks that have work. Once a yield has handed
+// the CPU to another task (another rank, or the training loop's own compute
+// next to an asynchronous operation), the operation naps instead of yielding:
+// a yield would give that task a whole time slice. When the wait is for
+// sockets, the yields and naps become sleeps in ppoll() on them: the kernel
+// wakes the rank when bytes arrive. The phases are measured in time, not
+// iterations, because the cost of a pause instruction varies tenfold between
+// CPUs. Throws TimeoutError once nothing has progressed for the timeout.
 #pragma once
 
 #include <chrono>
@@ -58,6 +60,7 @@ class Backoff {
   static constexpr unsigned kRoundsPerClockRead = 32;
 
   static void pause();
+  static void nap(std::chrono::nanoseconds length);
   void wait_a_little(Clock::duration waited, std::initializer_list<Awaited> awaited);
   [[noreturn]] void throw_timeout(const std::string& what) const;
 
@@ -65,6 +68,9 @@ class Backoff {
   const double timeout_s_;
   unsigned rounds_ = 0;
   Phase phase_ = Phase::Spin;
+  // A yield of this operation gave the CPU to another task: its waits nap
+  // instead of yielding from then on.
+  bool crowded_ = false;
   Clock::time_point start_;
   bool sleep_on_sockets(std::initializer_list<Awaited> awaited);
 };

@@ -8,12 +8,11 @@
 namespace weft::cpu_placement {
 namespace {
 
-// A yield with nothing else runnable returns in about a microsecond.
-constexpr double kCrowdedYieldUs = 20;
 constexpr auto kMinInterval = std::chrono::milliseconds(10);
 
 std::atomic<int> most_ranks_on_host{0};
 std::atomic<long long> last_move_ns{0};
+thread_local bool worker_thread = false;
 
 int allowed_cpus() {
   cpu_set_t allowed;
@@ -44,8 +43,10 @@ void note_ranks_on_host(int ranks) {
   }
 }
 
-void after_yield(double yield_us) {
-  if (yield_us < kCrowdedYieldUs) return;
+void mark_worker_thread() { worker_thread = true; }
+
+void crowded() {
+  if (worker_thread) return;
   const int ranks = most_ranks_on_host.load(std::memory_order_relaxed);
   if (ranks < 2 || ranks > allowed_cpus()) return;
   const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(

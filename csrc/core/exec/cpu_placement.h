@@ -18,9 +18,14 @@ namespace weft::cpu_placement {
 // sharing is unavoidable and moving would only shuffle them.
 void note_ranks_on_host(int ranks);
 
-// Called by a waiter whose yield took `yield_us` microseconds: long enough
-// means another task ran on this CPU meanwhile. Moves this thread to another
-// allowed CPU, at most once per 10 ms in the process.
-void after_yield(double yield_us);
+// Called by a waiter whose yield gave the CPU to another task. Moves this
+// thread to another allowed CPU, at most once per 10 ms in the process, unless
+// it is a worker thread (below).
+void crowded();
+
+// Marks the calling thread as one that runs operations next to the caller's
+// own threads (asynchronous operations): there the other task on the CPU is
+// the process's own compute, which moving would not escape.
+void mark_worker_thread();
 
 }  // namespace weft::cpu_placement

@@ -1,6 +1,7 @@
 #include "core/exec/op_queue.h"
 
 #include "core/common/error.h"
+#include "core/exec/cpu_placement.h"
 
 namespace weft {
 
@@ -51,6 +52,7 @@ std::shared_ptr<Work> OpQueue::submit(Op op, bool async) {
 }
 
 void OpQueue::worker_loop() {
+  cpu_placement::mark_worker_thread();
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || (!busy_ && !queue_.empty()); });

@@ -66,11 +66,13 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
 }
 
 void Backoff::nap(std::chrono::nanoseconds length) {
-  // Without this, Linux lets a 20 us sleep last 70 us (the default timer slack).
-  thread_local const bool precise = prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
-  (void)precise;
+  // Linux lets a 20 us sleep last 70 us (the default timer slack): the nap
+  // asks for 1 us of slack and gives the thread its own back afterwards.
+  const long own_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  const bool precise = own_slack > 1000 && prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
   timespec ts{0, static_cast<long>(length.count())};
   nanosleep(&ts, nullptr);
+  if (precise) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(own_slack), 0, 0, 0);
 }
 
 bool Backoff::sleep_on_sockets(std::initializer_list<Awaited> awaited) {

@@ -24,8 +24,8 @@ void note_ranks_on_host(int ranks);
 void crowded();
 
 // Marks the calling thread as one that runs operations next to the caller's
-// own threads (asynchronous operations): there the other task on the CPU is
-// the process's own compute, which moving would not escape.
+// own threads (asynchronous operations, point-to-point): there the other task
+// on the CPU is the process's own compute, which moving would not escape.
 void mark_worker_thread();
 
 }  // namespace weft::cpu_placement

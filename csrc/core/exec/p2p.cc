@@ -6,6 +6,7 @@
 
 #include "core/common/error.h"
 #include "core/exec/backoff.h"
+#include "core/exec/cpu_placement.h"
 
 namespace weft {
 namespace {
@@ -250,6 +251,7 @@ bool P2pEngine::progress_arrival(int peer) {
 }
 
 void P2pEngine::loop() {
+  cpu_placement::mark_worker_thread();
   Backoff backoff(timeout_s_);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import weft.cuda
 from test_gpu_backend import case_ddp_on_cuda, case_on_cuda, case_stream_semantics
-from weft_torch import assert_same, groups, weft_on
+from weft_torch import REDUCE_DTYPES, assert_same, groups, weft_on
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,16 +48,8 @@ def worlds(transport: str, sizes=(1, 2, 3, 4)):
 
 NATIVE = worlds("cuda-nccl")
 PLANS = worlds("cuda-nccl-plans")
-DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-]
+# weft's reduction dtypes: gloo's, but bool.
+DTYPES = tuple(d for d in REDUCE_DTYPES if d is not torch.bool)
 OPS = {
     "sum": dist.ReduceOp.SUM,
     "prod": dist.ReduceOp.PRODUCT,

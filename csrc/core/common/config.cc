@@ -4,6 +4,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "core/common/error.h"
 
@@ -37,6 +40,24 @@ long env_long(const char* name, long fallback) {
   return parsed;
 }
 
+// One of a fixed set of words: the value of the first whose name matches.
+// Unset keeps `fallback`; anything else names the choices.
+template <typename T>
+T env_choice(const char* name, T fallback,
+             std::initializer_list<std::pair<const char*, T>> choices) {
+  const char* value = env(name);
+  if (value == nullptr) return fallback;
+  std::string names;
+  size_t i = 0;
+  for (const auto& [word, choice] : choices) {
+    if (word == std::string(value)) return choice;
+    if (i > 0) names += i + 1 == choices.size() ? " or " : ", ";
+    names += word;
+    ++i;
+  }
+  throw InvalidArgument(std::string(name) + "='" + value + "': use " + names);
+}
+
 std::string default_host_id() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -47,16 +68,10 @@ std::string default_host_id() {
 
 Config parse() {
   Config c;
-  if (const char* t = env("WEFT_TRANSPORT")) {
-    std::string s(t);
-    if (s == "tcp") {
-      c.transport = TransportChoice::Tcp;
-    } else if (s == "shm") {
-      c.transport = TransportChoice::Shm;
-    } else if (s != "auto") {
-      throw InvalidArgument("WEFT_TRANSPORT='" + s + "': use auto, tcp or shm");
-    }
-  }
+  c.transport = env_choice("WEFT_TRANSPORT", c.transport,
+                           {{"auto", TransportChoice::Auto},
+                            {"tcp", TransportChoice::Tcp},
+                            {"shm", TransportChoice::Shm}});
   c.timeout_s = env_double("WEFT_TIMEOUT_S", c.timeout_s);
   if (const char* d = env("WEFT_DEBUG")) {
     std::string s(d);
@@ -80,27 +95,14 @@ Config parse() {
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);
   if (const char* algo = env("WEFT_ALGO")) c.algo = algo;
   if (const char* tune = env("WEFT_TUNE")) c.tune = tune;
-  if (const char* path = env("WEFT_CUDA_PATH")) {
-    std::string s(path);
-    if (s == "staging") {
-      c.cuda_path = CudaPath::Staging;
-    } else if (s == "ipc") {
-      c.cuda_path = CudaPath::Ipc;
-    } else if (s == "nccl") {
-      c.cuda_path = CudaPath::Nccl;
-    } else if (s != "auto") {
-      throw InvalidArgument("WEFT_CUDA_PATH='" + s + "': use auto, staging, ipc or nccl");
-    }
-  }
+  c.cuda_path = env_choice("WEFT_CUDA_PATH", c.cuda_path,
+                           {{"auto", CudaPath::Auto},
+                            {"staging", CudaPath::Staging},
+                            {"ipc", CudaPath::Ipc},
+                            {"nccl", CudaPath::Nccl}});
   c.cuda_ipc_chunk_bytes = env_long("WEFT_CUDA_IPC_CHUNK_BYTES", c.cuda_ipc_chunk_bytes);
-  if (const char* mode = env("WEFT_NCCL_MODE")) {
-    std::string s(mode);
-    if (s == "plans") {
-      c.nccl_mode = NcclMode::Plans;
-    } else if (s != "native") {
-      throw InvalidArgument("WEFT_NCCL_MODE='" + s + "': use native or plans");
-    }
-  }
+  c.nccl_mode = env_choice("WEFT_NCCL_MODE", c.nccl_mode,
+                           {{"native", NcclMode::Native}, {"plans", NcclMode::Plans}});
   c.nccl_step_bytes = env_long("WEFT_NCCL_STEP_BYTES", c.nccl_step_bytes);
   return c;
 }

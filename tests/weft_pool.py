@@ -12,6 +12,7 @@ pool is killed; the next call for the same key starts a fresh one.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -139,6 +140,7 @@ def _load_function(path: str, name: str, cache: dict):
 
 
 def _worker_main(rank, size, port, env, conn, note_buf):
+    faulthandler.enable()  # a crash prints the Python stack into the test's captured output
     for key in [k for k in os.environ if k.startswith("WEFT_")]:
         del os.environ[key]
     os.environ.update(env)
@@ -247,7 +249,11 @@ class Pool:
                     status, value = conn.recv()
                 except (EOFError, OSError):
                     self._procs[rank].join(timeout=5)
-                    errors[rank] = f"process died (exit code {self._procs[rank].exitcode})"
+                    note = self._notes[rank].value.decode(errors="replace")
+                    errors[rank] = (
+                        f"process died (exit code {self._procs[rank].exitcode}); "
+                        f"last case: {note or '?'}"
+                    )
                     continue
                 if status == "ok":
                     results[rank] = value

@@ -149,6 +149,18 @@ class Twins:
         else:
             self.compare(what, wv, gv, approx)
 
+    def expect(self, what: str, make, run, expected):
+        """Like ``same`` for operations some gloo releases lack (torch 2.11's gloo has no list
+        all_to_all): runs on the weft group alone and compares with ``expected``."""
+        self.ctx.note(what)
+        args = moved(make(), self.weft_device)
+        try:
+            result = run(self.groups.weft, *args)
+        except Exception as exc:  # noqa: BLE001 - reported as a difference
+            self.fail(what, f"weft raised {exc!r}")
+            return
+        self.compare(what, moved(args if result is None else result, "cpu"), expected)
+
     def compare(self, what, got, want, approx=False):
         got_t, want_t = flat_tensors(got), flat_tensors(want)
         if len(got_t) != len(want_t):

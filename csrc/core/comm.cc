@@ -1,6 +1,7 @@
 #include "core/comm.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 

@@ -1,5 +1,6 @@
 #include "buffer.h"
 
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>

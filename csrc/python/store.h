@@ -4,6 +4,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+
 #include "core/bootstrap/store.h"
 
 namespace weft::python {

@@ -2,6 +2,8 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <cstdint>
+
 #include "core/common/log.h"
 #include "errors.h"
 #include "op_helpers.h"

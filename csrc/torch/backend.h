@@ -5,6 +5,7 @@
 // BackendWork whose future holds the output tensors.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>

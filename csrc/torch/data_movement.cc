@@ -1,5 +1,7 @@
 // Collectives that move data without reducing it: they move bytes, so any
 // element type works.
+#include <cstdint>
+
 #include "backend.h"
 #include "op_helpers.h"
 #include "tensors.h"

@@ -1,5 +1,6 @@
 // Point-to-point operations and the monitored barrier built on them.
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "backend.h"

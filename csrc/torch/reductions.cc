@@ -148,8 +148,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return reduce_scatter_tensors(outputs, inputs, opts,
-                                c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED);
+  // OpType::REDUCE_SCATTER_TENSOR_COALESCED is new in torch 2.13; COALESCED is in every release.
+  return reduce_scatter_tensors(outputs, inputs, opts, c10d::OpType::COALESCED);
 }
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensors(

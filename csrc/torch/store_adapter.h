@@ -2,6 +2,7 @@
 // prefixed with the group's name).
 #pragma once
 
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "core/bootstrap/store.h"

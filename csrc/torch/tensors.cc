@@ -1,5 +1,6 @@
 #include "tensors.h"
 
+#include <cstdint>
 #include <string>
 
 namespace weft::backend {

@@ -1,6 +1,7 @@
 #include "core/exec/p2p.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 

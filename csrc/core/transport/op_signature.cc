@@ -1,5 +1,7 @@
 #include "core/transport/op_signature.h"
 
+#include <cstdint>
+
 namespace weft {
 namespace {
 

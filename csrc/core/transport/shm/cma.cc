@@ -3,6 +3,7 @@
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 

@@ -1,5 +1,6 @@
 #include "core/transport/shm/fifo_layout.h"
 
+#include <cstdint>
 #include <new>
 #include <string>
 

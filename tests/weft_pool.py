@@ -249,10 +249,9 @@ class Pool:
                     status, value = conn.recv()
                 except (EOFError, OSError):
                     self._procs[rank].join(timeout=5)
-                    note = self._notes[rank].value.decode(errors="replace")
                     errors[rank] = (
                         f"process died (exit code {self._procs[rank].exitcode}); "
-                        f"last case: {note or '?'}"
+                        f"last case: {self._last_case(rank)}"
                     )
                     continue
                 if status == "ok":
@@ -271,13 +270,16 @@ class Pool:
             elif rank in results:
                 report.append(f"--- rank {rank} returned: {_shorten(repr(results[rank]))}")
             elif rank in pending:
-                note = self._notes[rank].value.decode(errors="replace")
                 report.append(
                     f"--- rank {rank} gave no answer within {timeout:.0f} s (hung?); "
-                    f"last case: {note or '?'}"
+                    f"last case: {self._last_case(rank)}"
                 )
         self.close()
         raise PoolError("\n".join(report))
+
+    def _last_case(self, rank: int) -> str:
+        """What the rank last announced with ``ctx.note``."""
+        return self._notes[rank].value.decode(errors="replace") or "?"
 
     def close(self) -> None:
         if self.closed:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from weft_pool import _free_port
+from weft.local import free_port
 from weft_proc import Ranks
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -42,7 +42,7 @@ def scenario_init_methods(rank, size, store, tcp_port, env_port, file_path):
 
 def test_init_methods(tmp_path):
     with Ranks(
-        scenario_init_methods, 2, _free_port(), _free_port(), str(tmp_path / "rendezvous")
+        scenario_init_methods, 2, free_port(), free_port(), str(tmp_path / "rendezvous")
     ) as ranks:
         results = ranks.results(timeout=180)
     total = [3.0, 3.0, 3.0]

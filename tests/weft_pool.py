@@ -22,6 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
+import weft.local
+
 TESTS_DIR = Path(__file__).resolve().parent
 
 # Seconds a rank waits inside weft before giving up; the parent waits longer than that.
@@ -182,14 +184,6 @@ def _shorten(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more chars)"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Pool:
     """``size`` rank processes, each with one weft.Communicator over one TCPStore."""
 
@@ -198,7 +192,7 @@ class Pool:
         self.transport = transport
         self.closed = False
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = weft.local.free_port()
         self._conns = []
         self._notes = []
         self._procs = []

@@ -9,14 +9,35 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import socket
 import traceback
 
+# Where free_port() looks first: below the kernel's ephemeral range.
+PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10000
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on, for a store the ranks then connect to.
+
+    Taken below the kernel's ephemeral range where there is room: a port from inside it (what
+    binding port 0 returns) can be given to some outgoing connection before the store listens
+    on it, and the store then fails with "address already in use"."""
+    try:
+        with open(PORT_RANGE_FILE) as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = LOWEST_PORT
+    candidates = list(range(LOWEST_PORT, ephemeral_low))
+    for port in random.sample(candidates, min(len(candidates), 100)) + [0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free TCP port on 127.0.0.1")
 
 
 def make_store(rank: int, size: int, port: int, timeout_s: float = 60.0):

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -51,7 +52,8 @@ def bench(*args, env=None, launcher=(sys.executable, "-m", "weft.bench"), timeou
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """Every op, weft against gloo, with MPI made unavailable by a missing mpirun."""
+    """Every op, weft against gloo, with MPI (both variants) made unavailable by a missing
+    mpirun."""
     out = tmp_path_factory.mktemp("bench")
     files = {"json": out / "r.json", "csv": out / "r.csv", "plot": out / "r.png"}
     proc = bench(
@@ -59,7 +61,7 @@ def sweep(tmp_path_factory):
         "-o",
         "all",
         "--vs",
-        "gloo,mpi",
+        "gloo,mpi,mpi-tcp",
         "--mpirun",
         str(out / "no-such-mpirun"),
         *(f"--{k}={v}" for k, v in files.items()),
@@ -114,11 +116,30 @@ def test_missing_peer_is_skipped_with_the_reason(sweep):
     install it); the skip says which."""
     proc, files = sweep
     systems = {s["name"]: s for s in json.loads(files["json"].read_text())["systems"]}
-    assert systems["mpi"]["status"] == "skipped"
     has_mpi4py = importlib.util.find_spec("mpi4py") is not None
     why = "no-such-mpirun not found" if has_mpi4py else "mpi4py is not installed"
-    assert why in systems["mpi"]["reason"]
-    assert re.search(rf"^# mpi: skipped: .*{why}", proc.stdout, re.M)
+    for name in ("mpi", "mpi-tcp"):
+        assert systems[name]["status"] == "skipped"
+        assert why in systems[name]["reason"]
+        assert re.search(rf"^# {name}: skipped: .*{why}", proc.stdout, re.M)
+
+
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None,
+    reason="needs OpenMPI's mpirun and mpi4py (make install-peers)",
+)
+def test_mpi_tcp_runs_openmpi_over_tcp_alone(tmp_path):
+    """mpi-tcp is OpenMPI limited to its tcp component: it runs, is right, and the report
+    says how it was held to tcp."""
+    out = tmp_path / "r.json"
+    bench(*QUICK, "-o", "all_reduce", "--vs", "mpi-tcp", f"--json={out}")
+    report = json.loads(out.read_text())
+    system = next(s for s in report["systems"] if s["name"] == "mpi-tcp")
+    assert system["status"] == "ok" and system["kind"] == "mpi"
+    assert system["env"] == {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}
+    assert "Open MPI" in system["library"]
+    mine = [r for r in report["results"] if r["system"] == "mpi-tcp"]
+    assert mine and all(r["wrong"] == 0 for r in mine)
 
 
 def allreduce_algorithms(stderr: str) -> set[str]:

@@ -46,7 +46,9 @@ class Backoff {
       start_ = Clock::now();
       phase_ = Phase::Spin;
     }
-    if (phase_ == Phase::Spin && (rounds_ % kRoundsPerClockRead) != 0) {
+    // A round on sockets costs syscalls (microseconds), so its clock is read
+    // every round; shared-memory rounds cost nanoseconds and read it rarely.
+    if (phase_ == Phase::Spin && (rounds_ % kRoundsPerClockRead) != 0 && !on_sockets(awaited)) {
       pause();
       return;
     }
@@ -60,6 +62,9 @@ class Backoff {
   static constexpr unsigned kRoundsPerClockRead = 32;
 
   static void pause();
+  static bool on_sockets(std::initializer_list<Awaited> awaited) {
+    return awaited.size() > 0 && awaited.begin()->connection->readiness_fd() >= 0;
+  }
   static void nap(std::chrono::nanoseconds length);
   void wait_a_little(Clock::duration waited, std::initializer_list<Awaited> awaited);
   [[noreturn]] void throw_timeout(const std::string& what) const;

@@ -51,7 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("-d", "--datatype", choices=list(DTYPES), default="float", help="default float")
     add("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
     add("--np", type=int, help="ranks to launch (default 2; under a launcher: its ranks)")
-    add("--vs", type=comma_list(lineup.PEERS), default=[], help="peers: gloo, mpi, nccl")
+    add("--vs", type=comma_list(lineup.PEERS), default=[], help=f"peers: {', '.join(lineup.PEERS)}")
     add(
         "--algo",
         type=comma_list(None),

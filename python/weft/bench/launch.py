@@ -87,7 +87,7 @@ def run_local(kind: str, env: dict, job: dict, size: int, timeout: float, mpirun
     """Runs `job` on `size` fresh local ranks; returns {"per_rank": [...], "library": ...}."""
     job = {**job, "kind": kind}
     if kind == "mpi":
-        return run_mpirun(job, size, timeout, mpirun)
+        return run_mpirun(job, size, timeout, mpirun, env)
     per_rank = local.spawn(rank_main, size, job, env=env, timeout=timeout)
     return {"per_rank": per_rank}
 
@@ -99,19 +99,24 @@ def mpirun_command(mpirun: str, size: int) -> list[str]:
     return [mpirun, *root, "--oversubscribe", "-np", str(size)]
 
 
-def run_mpirun(job: dict, size: int, timeout: float, mpirun: str) -> dict:
+def run_mpirun(job: dict, size: int, timeout: float, mpirun: str, env: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="weft-bench-mpi-") as tmp:
         job_path, out_path = Path(tmp, "job.json"), Path(tmp, "out.json")
         job_path.write_text(json.dumps(job))
         worker = [sys.executable, "-m", "weft.bench.mpi_rank", str(job_path), str(out_path)]
-        run_bounded(mpirun_command(mpirun, size) + worker, timeout)
+        run_bounded(mpirun_command(mpirun, size) + worker, timeout, {**os.environ, **env})
         return json.loads(out_path.read_text())
 
 
-def run_bounded(cmd: list[str], timeout: float) -> None:
+def run_bounded(cmd: list[str], timeout: float, env: dict | None = None) -> None:
     """Runs cmd in its own process group; kills the whole group on timeout."""
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     try:
         output, _ = proc.communicate(timeout=timeout)

@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 from weft.bench.launch import Launcher
 from weft.bench.ops import OPS
 
-PEERS = ("gloo", "mpi", "nccl")
+PEERS = ("gloo", "mpi", "mpi-tcp", "nccl")
+# Peers that are another peer held to one transport: (kind, environment of its launch).
+# mpi-tcp is OpenMPI over its tcp component alone (ob1 messaging, no shared memory), the
+# like-for-like peer of weft over tcp.
+PEER_VARIANTS = {"mpi-tcp": ("mpi", {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"})}
 TRANSPORTS = ("shm", "tcp")
 
 
@@ -58,15 +62,18 @@ def weft_entries(algos: list[str], transports: list[str], ops: list[str]) -> lis
 
 
 def peer_entry(peer: str, ops: list[str], ranks: int, launcher: Launcher | None, mpirun: str):
-    entry = Entry(peer, peer, ops)
-    entry.reason = unavailable(peer, ranks, launcher, mpirun)
+    kind, env = PEER_VARIANTS.get(peer, (peer, {}))
+    entry = Entry(peer, kind, ops, dict(env))
+    entry.reason = unavailable(kind, ranks, launcher, mpirun)
+    if not entry.reason and env and launcher is not None:
+        entry.reason = f"{peer} sets its launch's environment; run it without a launcher"
     if entry.reason:
         entry.status = "skipped"
     return entry
 
 
 def unavailable(peer: str, ranks: int, launcher: Launcher | None, mpirun: str) -> str | None:
-    """Why `peer` cannot run here, or None."""
+    """Why the peer of kind `peer` cannot run here, or None."""
     import torch
     import torch.distributed as dist
 

@@ -159,6 +159,29 @@ def test_algo_is_honoured(algo, size):
     assert f"# weft[{algo}]: all_reduce" in proc.stdout
 
 
+def test_algorithms_share_a_launch(tmp_path):
+    """Several --algo run in one launch, each on its own communicator, taking turns at each
+    size; each is honoured and reported under its own name."""
+    out = tmp_path / "r.json"
+    proc = bench(
+        *("-b", "8", "-e", "64K", "-f", "8192", "-n", "2", "-w", "1"),
+        *("--algo", "ring,oneshot", f"--json={out}"),
+        env={"WEFT_DEBUG": "INFO"},
+    )
+    assert allreduce_algorithms(proc.stderr) == {"ring", "oneshot"}
+    # Turns at each size: rank 0 runs ring, oneshot, ring, oneshot (separate launches would
+    # run ring twice, then oneshot twice).
+    ran = re.findall(
+        r"^weft\[rank 0\] allreduce #\d+: .*algorithm (ring|oneshot)", proc.stderr, re.M
+    )
+    turns = [a for i, a in enumerate(ran) if i == 0 or a != ran[i - 1]]
+    assert turns == ["ring", "oneshot", "ring", "oneshot"]
+    results = json.loads(out.read_text())["results"]
+    for name in ("weft[ring]", "weft[oneshot]"):
+        mine = [r for r in results if r["system"] == name]
+        assert {r["bytes"] for r in mine} == {8, 65536} and all(r["wrong"] == 0 for r in mine)
+
+
 def test_algo_all_draws_one_line_per_algorithm_and_refusals_are_clear(tmp_path):
     out = tmp_path / "r.json"
     proc = bench(*QUICK, "-o", "all_reduce,broadcast", "--algo", "all", f"--json={out}")

@@ -141,42 +141,76 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(entries, plan, args, size, launcher) -> dict[str, list[dict]]:
     """Runs every ready system --repeats times, interleaved (the order rotates each round so
-    that a drift in background load hits all alike); returns each system's launches."""
-    ready = [e for e in entries if e.status == "ok"]
+    that a drift in background load hits all alike); returns each system's launches. weft's
+    algorithms over one transport share a launch and take turns at each size (see
+    launch_groups)."""
+    groups = launch_groups([e for e in entries if e.status == "ok"], launcher)
     runs: dict[str, list[dict]] = {e.name: [] for e in entries}
     store = launch.rendezvous(launcher) if launcher else None
     on_rank0 = launcher is None or launcher.rank == 0
-    total = sum(len(e.ops) for e in ready) * len(plan["sizes"]) * args.repeats
+    total = sum(len(e.ops) for g in groups for e in g) * len(plan["sizes"]) * args.repeats
     progress = Progress(total, shown=on_rank0)
     try:
         for repeat in range(args.repeats):
-            shift = repeat % max(1, len(ready))
-            for e in ready[shift:] + ready[:shift]:
-                if e.status != "ok":
-                    continue
-                steps = len(e.ops) * len(plan["sizes"])
-                path = progress.launch(e.name, steps) if on_rank0 else None
-                job = {"plan": {**plan, "ops": e.ops}, "progress": path}
-                try:
-                    if launcher:
-                        os.environ.update(e.env)  # weft reads it at its first communicator
-                        key = f"bench/{e.name}/{repeat}"
-                        out = launch.run_in_process(e.kind, job, launcher, store, key)
-                    else:
-                        out = launch.run_local(e.kind, e.env, job, size, args.timeout, args.mpirun)
-                except Exception as exc:
-                    if launcher:
-                        raise  # the launcher stops the other ranks
-                    e.status, e.reason = "failed", last_line(str(exc))
-                    print(f"weft-bench: {e.name} failed:\n{exc}", file=sys.stderr)
-                    continue
-                if out is not None:
-                    if "library" in out:
-                        e.info["library"] = out["library"]
-                    runs[e.name].append(results.combine_ranks(out["per_rank"]))
+            shift = repeat % max(1, len(groups))
+            for group in groups[shift:] + groups[:shift]:
+                group = [e for e in group if e.status == "ok"]
+                if group:
+                    shown = progress if on_rank0 else None
+                    run_group(group, repeat, plan, args, size, launcher, store, shown, runs)
     finally:
         progress.close()
     return runs
+
+
+def launch_groups(ready: list, launcher) -> list[list]:
+    """The launches of one round: weft's variants of one transport together (each algorithm
+    on its own communicator, so they meet the same placement of ranks on CPUs, which on a
+    crowded machine changes from launch to launch), every other system alone. Under a
+    launcher there is only one weft variant."""
+    groups: dict[str, list] = {}
+    for e in ready:
+        key = f"weft {e.env.get('WEFT_TRANSPORT')}" if e.kind == "weft" and not launcher else e.name
+        groups.setdefault(key, []).append(e)
+    return list(groups.values())
+
+
+def run_group(group, repeat, plan, args, size, launcher, store, progress, runs) -> None:
+    """One launch of `group` (the variants' order rotates with `repeat`); its entries fail
+    together. `progress` is None where this process shows none."""
+    first = group[0]
+    name = "+".join(e.name for e in group)
+    steps = sum(len(e.ops) for e in group) * len(plan["sizes"])
+    path = progress.launch(name, steps) if progress else None
+    job = {
+        "plan": {**plan, "ops": list(dict.fromkeys(op for e in group for op in e.ops))},
+        "progress": path,
+        "variants": [
+            {"name": e.name, "algo": e.env.get("WEFT_ALGO"), "ops": e.ops}
+            for e in group[repeat % len(group) :] + group[: repeat % len(group)]
+        ],
+    }
+    env = {k: v for k, v in first.env.items() if k != "WEFT_ALGO"}  # each variant sets its own
+    try:
+        if launcher:
+            os.environ.update(first.env)  # weft reads it at its first communicator
+            key = f"bench/{name}/{repeat}"
+            out = launch.run_in_process(first.kind, job, launcher, store, key)
+        else:
+            out = launch.run_local(first.kind, env, job, size, args.timeout, args.mpirun)
+    except Exception as exc:
+        if launcher:
+            raise  # the launcher stops the other ranks
+        for e in group:
+            e.status, e.reason = "failed", last_line(str(exc))
+        print(f"weft-bench: {name} failed:\n{exc}", file=sys.stderr)
+        return
+    if out is None:
+        return
+    for e in group:
+        if "library" in out:
+            e.info["library"] = out["library"]
+        runs[e.name].append(results.combine_ranks([r[e.name] for r in out["per_rank"]]))
 
 
 def last_line(text: str) -> str:

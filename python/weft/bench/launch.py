@@ -66,12 +66,22 @@ def rendezvous(launcher: Launcher):
 
 
 def rank_main(rank: int, size: int, store, job: dict) -> dict:
-    """One spawned rank (weft.local.spawn): the plan over one system."""
-    system = systems.create(job["kind"], rank, size, store, rank)
-    step = step_writer(job["progress"] if rank == 0 else None)
-    out = run_plan(system, job["plan"], rank, size, step)
-    system.close()
+    """One spawned rank (weft.local.spawn): the plan over the launch's variants."""
+    out = run_variants(job, rank, size, store, rank)
     leave_together(store, rank, size)
+    return out
+
+
+def run_variants(job: dict, rank: int, size: int, store, local_rank: int) -> dict:
+    """run_plan over a system per variant of `job` (each weft algorithm its communicator)."""
+    variants = {
+        v["name"]: (systems.create(job["kind"], rank, size, store, local_rank, v["algo"]), v["ops"])
+        for v in job["variants"]
+    }
+    step = step_writer(job["progress"] if rank == 0 else None)
+    out = run_plan(variants, job["plan"], rank, size, step)
+    for system, _ in variants.values():
+        system.close()
     return out
 
 
@@ -138,10 +148,7 @@ def run_in_process(kind: str, job: dict, launcher: Launcher, store, key: str) ->
 
     rank, size = launcher.rank, launcher.size
     scoped = dist.PrefixStore(key, store)
-    system = systems.create(kind, rank, size, scoped, launcher.local_rank)
-    step = step_writer(job["progress"] if rank == 0 else None)
-    out = run_plan(system, job["plan"], rank, size, step)
-    system.close()
+    out = run_variants({**job, "kind": kind}, rank, size, scoped, launcher.local_rank)
     scoped.set(f"out/{rank}", json.dumps(out))
     if rank != 0:
         return None

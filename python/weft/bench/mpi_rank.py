@@ -2,7 +2,8 @@
 
     mpirun -np N python -m weft.bench.mpi_rank JOB.json OUT.json
 
-Rank 0 writes every rank's measurements and the MPI library's version to OUT.json.
+Rank 0 writes every rank's measurements (name -> run_plan's output) and the MPI library's
+version to OUT.json.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def main(job_path: str, out_path: str) -> None:
         job = json.load(f)
     comm = MPI.COMM_WORLD
     step = step_writer(job["progress"] if comm.rank == 0 else None)
-    out = run_plan(Mpi(), job["plan"], comm.rank, comm.size, step)
+    (variant,) = job["variants"]
+    variants = {variant["name"]: (Mpi(), variant["ops"])}
+    out = run_plan(variants, job["plan"], comm.rank, comm.size, step)
     per_rank = comm.gather(out, root=0)
     if comm.rank == 0:
         library = MPI.Get_library_version().strip().splitlines()[0].strip("\0 ")

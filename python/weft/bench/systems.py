@@ -49,14 +49,15 @@ class System:
 class Weft(System):
     label = "weft"
 
-    def __init__(self, rank: int, size: int, store):
+    def __init__(self, rank: int, size: int, store, algo: str | None = None):
+        """`algo`: the family this communicator forces (default: $WEFT_ALGO, else auto)."""
         import os
 
         import weft
 
-        self.comm = weft.Communicator(store, rank, size, name="bench")
+        self.algo = algo or os.environ.get("WEFT_ALGO") or "auto"
+        self.comm = weft.Communicator(store, rank, size, name=f"bench-{self.algo}", algo=self.algo)
         self.refusals = (weft.InvalidArgument,)
-        self.algo = os.environ.get("WEFT_ALGO", "auto")
         self.hosts = self.comm.topology.hosts
 
     def bind(self, op, in_place, inp, out, root):
@@ -168,10 +169,11 @@ class Mpi(System):
         self.comm.Barrier()
 
 
-def create(kind: str, rank: int, size: int, store, local_rank: int) -> System:
-    """The adapter of a system kind in this rank (the environment is already set)."""
+def create(kind: str, rank: int, size: int, store, local_rank: int, algo: str | None = None):
+    """The adapter of a system kind in this rank (the environment is already set); `algo`
+    is weft's family."""
     if kind == "weft":
-        return Weft(rank, size, store)
+        return Weft(rank, size, store, algo)
     if kind == "gloo":
         return TorchDistributed(rank, size, store, "gloo")
     if kind == "nccl":

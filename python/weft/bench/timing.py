@@ -15,30 +15,44 @@ from weft.bench import ops
 from weft.bench.systems import System, Unsupported
 
 
-def run_plan(system: System, plan: dict, rank: int, size: int, step: Callable[[], None]) -> dict:
-    """This rank's measurements of `plan` (see cli.make_plan) over `system`.
+def run_plan(
+    variants: dict[str, tuple[System, list[str]]],
+    plan: dict,
+    rank: int,
+    size: int,
+    step: Callable[[], None],
+) -> dict[str, dict]:
+    """This rank's measurements of `plan` (see cli.make_plan) over each variant: name ->
+    (system, the ops it runs). Several variants (weft's algorithms, in one launch) take turns
+    at each (op, size), so that the launch's conditions are the same for all of them.
 
-    Returns {"records": [...], "refused": {op: reason}, "unsupported": [reasons]}; the records
-    come in the same order on every rank. `step()` is called once per (op, size).
+    Returns name -> {"records": [...], "refused": {op: reason}, "unsupported": [reasons]};
+    the records come in the same order on every rank. `step()` is called once per (op, size)
+    of each variant.
     """
     dtype = ops.DTYPES[plan["dtype"]]
     elem_size = dtype.itemsize
-    out = {"records": [], "refused": {}, "unsupported": []}
+    outs = {name: {"records": [], "refused": {}, "unsupported": []} for name in variants}
     for op_name in plan["ops"]:
         op = ops.OPS[op_name]
         for nbytes in plan["sizes"]:
             shape = ops.shape(op, nbytes, size, elem_size)
-            if shape.block > 0 and op_name not in out["refused"]:
-                try:
-                    for in_place in op.forms():
-                        record = measure(system, op, in_place, shape, plan, rank, size, out)
-                        if record:
-                            out["records"].append(record)
-                except system.refusals as e:
-                    out["refused"][op_name] = str(e)
-            step()
-    system.barrier()
-    return out
+            for name, (system, its_ops) in variants.items():
+                if op_name not in its_ops:
+                    continue
+                out = outs[name]
+                if shape.block > 0 and op_name not in out["refused"]:
+                    try:
+                        for in_place in op.forms():
+                            record = measure(system, op, in_place, shape, plan, rank, size, out)
+                            if record:
+                                out["records"].append(record)
+                    except system.refusals as e:
+                        out["refused"][op_name] = str(e)
+                step()
+    for system, _ in variants.values():
+        system.barrier()
+    return outs
 
 
 def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:

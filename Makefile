@@ -12,10 +12,11 @@ RESULTS = bench/results
 BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 3 --vs gloo,mpi
 
 # The algorithm sweeps (bench/results/algos_tcp_np*.*, hier_2x2_1gbit.*): every allreduce
-# family over tcp with 4 and 8 ranks against gloo and OpenMPI, and across two namespace
-# "hosts" whose links tc limits to 1 Gbit/s (needs root).
+# family over tcp with 4 and 8 ranks against gloo and OpenMPI (over its shared memory, and held
+# to tcp like weft), and across two namespace "hosts" whose links tc limits to 1 Gbit/s (needs
+# root).
 ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e 256M -f 8 \
-	-n 5 -w 2 --vs gloo,mpi
+	-n 10 -w 3 --repeats 3 --vs gloo,mpi,mpi-tcp
 
 .PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu
 

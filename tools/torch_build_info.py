@@ -1,7 +1,7 @@
 """Prints one fact the torch extension module must be built with, as a CMake list:
-``include`` (header directories), ``libdir``, ``cxx11abi`` (0 or 1) or ``flags`` (pybind11 ABI
-defines that torch < 2.7 needs to share its pybind11 internals). Exits with status 1 when torch
-cannot be imported."""
+``include`` (header directories), ``libdir``, ``cxx11abi`` (0 or 1) or ``defines`` (the pybind11
+ABI macros that torch < 2.7 needs to share its pybind11 internals, as NAME="value"). Exits with
+status 1 when torch cannot be imported."""
 
 import sys
 import warnings
@@ -13,17 +13,19 @@ except ImportError:
     sys.exit(1)
 
 
-def pybind11_abi_flags() -> list:
+def pybind11_abi_defines() -> list:
+    """torch gives them as shell-escaped compiler flags (-DNAME=\\"value\\")."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return getattr(cpp_extension, "_get_pybind11_abi_build_flags", list)()
+        flags = getattr(cpp_extension, "_get_pybind11_abi_build_flags", list)()
+    return [f.removeprefix("-D").replace('\\"', '"') for f in flags]
 
 
 FACTS = {
     "include": lambda: cpp_extension.include_paths(),
     "libdir": lambda: cpp_extension.library_paths(),
     "cxx11abi": lambda: [str(int(torch._C._GLIBCXX_USE_CXX11_ABI))],
-    "flags": pybind11_abi_flags,
+    "defines": pybind11_abi_defines,
 }
 
 print(";".join(FACTS[sys.argv[1]]()))

@@ -13,6 +13,7 @@
 #include "errors.h"
 #include "op_helpers.h"
 #include "tensors.h"
+#include "torch_compat.h"
 #include "work.h"
 
 namespace weft::backend {
@@ -41,7 +42,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::on_device(
   try {
     wait_for_current_stream(stream);
     c10::StreamGuard guard(stream);
-    for (const at::Tensor& t : body(stream.native_handle())) t.record_stream(stream);
+    for (const at::Tensor& t : body(torch_compat::native_handle(stream))) t.record_stream(stream);
   } catch (...) {
     rethrow_as_torch_error(std::current_exception());
   }

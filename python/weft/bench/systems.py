@@ -49,13 +49,11 @@ class System:
 class Weft(System):
     label = "weft"
 
-    def __init__(self, rank: int, size: int, store, algo: str | None = None):
-        """`algo`: the family this communicator forces (default: $WEFT_ALGO, else auto)."""
-        import os
-
+    def __init__(self, rank: int, size: int, store, algo: str):
+        """`algo`: the family this communicator forces, or auto."""
         import weft
 
-        self.algo = algo or os.environ.get("WEFT_ALGO") or "auto"
+        self.algo = algo
         self.comm = weft.Communicator(store, rank, size, name=f"bench-{self.algo}", algo=self.algo)
         self.refusals = (weft.InvalidArgument,)
         self.hosts = self.comm.topology.hosts

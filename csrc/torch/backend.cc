@@ -1,5 +1,6 @@
 #include "backend.h"
 
+#include <Python.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <cstdint>
@@ -23,7 +24,16 @@ WeftBackend::WeftBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   init();
 }
 
-WeftBackend::~WeftBackend() = default;
+WeftBackend::~WeftBackend() {
+  // Tearing down joins weft's worker threads, which may be dropping the last
+  // reference to a tensor that has a Python object and so wait for the GIL.
+  // torch < 2.5 destroys a Reducer's process group with the GIL held.
+  PyThreadState* released = nullptr;
+  if (Py_IsInitialized() && PyGILState_Check()) released = PyEval_SaveThread();
+  device_paths_.clear();
+  comm_.reset();
+  if (released != nullptr) PyEval_RestoreThread(released);
+}
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::launch(c10d::OpType type, bool async,
                                                    std::vector<at::Tensor> outputs,

@@ -170,7 +170,11 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           return 2 * log2_floor(topo.size) * shared.alpha_s +
                  2 * (p - 1.0) / p * S * shared.beta_s_per_b + (p - 1.0) / p * S * g + fold;
         case Algorithm::Tree:
-          return 2 * (log2_floor(topo.size) + 1) * shared.alpha_s + 1.5 * S * shared.beta_s_per_b +
+          // A rank is an inner node of one tree and a leaf of the other: it
+          // receives S/2 from each child and S/2 from its parent, and sends
+          // S/2 to its parent and to each child, S/2 more as the other tree's
+          // leaf: 2S each way, against rhd's 2(p-1)/p S.
+          return 2 * (log2_floor(topo.size) + 1) * shared.alpha_s + 2 * S * shared.beta_s_per_b +
                  S * g;
         case Algorithm::Hier: {
           const double L = topo.ranks_per_host, H = topo.hosts;

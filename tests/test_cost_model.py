@@ -1,0 +1,99 @@
+"""The tuner's cost model through weft.topo: the choices it must make follow from how many
+messages and bytes each family moves, whatever the link figures.
+
+These run in one process (no communicator); the model a communicator measures is covered by
+test_algorithms.py (WEFT_DEBUG's logged choices) and test_bench.py (--tune files).
+"""
+
+from __future__ import annotations
+
+import pytest
+from weft import topo
+
+MiB = 1 << 20
+
+# Link figures spanning this VM's loopback and a real network: slow and fast links, cheap and
+# dear reductions.
+MODELS = {
+    "vm-tcp": (topo.LinkCost(alpha_s=27e-6, beta_s_per_b=1 / 0.5e9), 1 / 18e9),
+    "vm-shm": (topo.LinkCost(alpha_s=8e-6, beta_s_per_b=1 / 1e9), 1 / 18e9),
+    "100g": (topo.LinkCost(alpha_s=5e-6, beta_s_per_b=1 / 12.5e9), 1 / 10e9),
+}
+
+
+def model(name: str) -> topo.CostModel:
+    link, gamma = MODELS[name]
+    m = topo.CostModel()
+    m.tcp = link
+    m.shm = link
+    m.gamma_s_per_b = gamma
+    return m
+
+
+def flat(size: int) -> topo.Topology:
+    return topo.Topology(size=size, hosts=1, ranks_per_host=size, any_tcp=True)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("size", [4, 8, 16, 64])
+def test_small_messages_take_recursive_doubling(name, size):
+    # log2(n) messages, the fewest of any family, and bytes that do not matter yet.
+    assert topo.choose("allreduce", 8, flat(size), model(name))[0] == "rd"
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("size", [4, 8, 16])
+def test_large_messages_on_a_power_of_two_take_halving_doubling(name, size):
+    # rhd sends 2(p-1)/p of the buffer per rank in 2 log2(p) messages; the double binary tree
+    # sends twice the buffer, the ring as much as rhd in more messages.
+    choice, predicted = topo.choose("allreduce", 256 * MiB, flat(size), model(name))
+    assert choice == "rhd"
+    assert predicted < topo.predict("tree", "allreduce", 256 * MiB, flat(size), model(name))
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("size", [3, 5, 6, 7, 9])
+def test_large_messages_off_a_power_of_two_avoid_the_fold(name, size):
+    # Off a power of two, rd and rhd first fold the extra ranks in with a whole-buffer message.
+    choice, _ = topo.choose("allreduce", 256 * MiB, flat(size), model(name))
+    assert choice in ("ring", "tree")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tree_moves_twice_the_buffer_per_rank(name):
+    # The double binary tree's bandwidth term: 2 S beta + S gamma, whatever the world size.
+    m = model(name)
+    for size in (4, 8, 64):
+        per_byte = [
+            topo.predict("tree", "allreduce", s, flat(size), m) / s for s in (1 << 30, 1 << 31)
+        ]
+        expected = 2 * m.tcp.beta_s_per_b + m.gamma_s_per_b
+        assert per_byte[1] == pytest.approx(expected, rel=0.01)
+
+
+def test_hierarchical_wins_across_slow_host_links():
+    # 2 hosts x 2 ranks, shared memory inside a host and a 1 Gbit/s link between them: every
+    # flat family pushes ranks_per_host times more bytes over the host's link than hier.
+    m = topo.CostModel()
+    m.shm = topo.LinkCost(alpha_s=8e-6, beta_s_per_b=1 / 5e9)
+    m.tcp = topo.LinkCost(alpha_s=50e-6, beta_s_per_b=1 / 0.125e9)
+    world = topo.Topology(size=4, hosts=2, ranks_per_host=2, any_tcp=True)
+    assert "hier" in topo.algorithms_for("allreduce", world)
+    assert topo.choose("allreduce", 64 * MiB, world, m)[0] == "hier"
+
+
+def test_families_without_a_form_are_not_offered():
+    # rhd's reduce-scatter and allgather need a power of two; hier needs several hosts.
+    assert "rhd" in topo.algorithms_for("reduce_scatter", flat(8))
+    assert "rhd" not in topo.algorithms_for("reduce_scatter", flat(6))
+    assert "hier" not in topo.algorithms_for("allreduce", flat(8))
+    assert topo.choose("reduce_scatter", 256 * MiB, flat(6))[0] == "ring"
+    with pytest.raises(ValueError, match="rhd has no reduce_scatter"):
+        topo.predict("rhd", "reduce_scatter", 8, flat(6))
+
+
+def test_unknown_names_are_refused_with_the_choices():
+    with pytest.raises(ValueError, match="use auto, ring, tree"):
+        topo.predict("butterfly", "allreduce", 8, flat(4))
+    with pytest.raises(ValueError, match="use allreduce, reduce_scatter"):
+        topo.choose("allsum", 8, flat(4))

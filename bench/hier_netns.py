@@ -1,8 +1,8 @@
 """Allreduce algorithms across rate-limited "hosts": network namespaces on this machine.
 
 Starts HOSTS x PER_HOST ranks in namespaces (weft.netns) whose links are limited to --rate
-Mbit/s with tc tbf, runs weft-bench there once per weft algorithm (and once over gloo), and
-merges the reports into one JSON and one plot. Needs root.
+Mbit/s with tc tbf, runs weft-bench there once (weft's algorithms sharing the launch, then
+gloo), and writes its report as JSON and a plot. Needs root.
 
     python bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 \\
         --json bench/results/hier_2x2_1gbit.json --plot bench/results/hier_2x2_1gbit.png
@@ -24,25 +24,24 @@ from weft.bench.plot import plot
 STORE_PORT = 29500  # each namespace has its own ports
 
 
-def run_once(net, args, algo: str | None, out: Path) -> dict:
-    """One weft-bench run on every rank: weft with `algo`, or gloo alone when algo is None."""
+def run(net, args, out: Path) -> dict:
+    """One weft-bench launch on every rank: weft's algorithms (sharing the launch, taking turns
+    at every size) and gloo."""
     size = args.hosts * args.per_host
     bench = [sys.executable, "-m", "weft.bench", "-o", "all_reduce", "-b", args.b, "-e", args.e]
-    bench += ["-f", "4", "-n", str(args.n), "-w", "1", f"--json={out}"]
-    if algo is None:
-        bench += ["--vs", "gloo"]
+    bench += ["-f", "4", "-n", str(args.n), "-w", "1", "--repeats", str(args.repeats)]
+    bench += ["--algo", args.algos, "--vs", "gloo", f"--json={out}"]
     procs = []
     for rank in range(size):
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
         env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank % args.per_host))
         env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
-        env["WEFT_ALGO"] = algo or "auto"
         env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
-        # The reports come back as JSON; the summary is what this script prints.
+        # The report comes back as JSON; the summary is what this script prints.
         procs.append(net.spawn(rank // args.per_host, bench, env, stdout=subprocess.DEVNULL))
     for proc in procs:
         if proc.wait(timeout=args.timeout) != 0:
-            sys.exit(f"weft-bench failed (algo {algo}): exit {proc.returncode}")
+            sys.exit(f"weft-bench failed: exit {proc.returncode}")
     return json.loads(out.read_text())
 
 
@@ -55,39 +54,23 @@ def main() -> None:
     parser.add_argument("-b", default="64K")
     parser.add_argument("-e", default="64M")
     parser.add_argument("-n", type=int, default=5)
-    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--plot", type=Path, required=True)
     args = parser.parse_args()
     reason = weft.netns.unavailable()
     if reason:
         sys.exit(f"hier_netns: {reason}")
-    merged: dict | None = None
     with (
         weft.netns.Hosts(args.hosts, rate_mbit=args.rate) as net,
         tempfile.TemporaryDirectory() as d,
     ):
-        for algo in [*args.algos.split(","), None]:
-            report = run_once(net, args, algo, Path(d) / f"{algo}.json")
-
-            # weft-bench names weft "weft[algo]" ("weft" for auto); the gloo run measures
-            # weft's default too: keep only gloo from it.
-            def rename(name: str, algo=algo) -> str:
-                return "weft[auto]" if name == "weft" else name
-
-            def wanted(name: str, algo=algo) -> bool:
-                return name == "gloo" if algo is None else name.startswith("weft")
-
-            rows = [dict(r, system=rename(r["system"])) for r in report["results"]]
-            systems = [dict(s, name=rename(s["name"])) for s in report["systems"]]
-            if merged is None:
-                merged = dict(report, results=[], systems=[], ratios=[])
-            merged["results"] += [r for r in rows if wanted(r["system"])]
-            merged["systems"] += [s for s in systems if wanted(s["name"])]
-    merged["config"]["layout"] = f"{args.hosts} hosts x {args.per_host} ranks, {args.rate} Mbit/s"
-    args.json.write_text(json.dumps(merged, indent=1) + "\n")
-    plot(merged, args.plot)
-    print(summary(merged))
+        report = run(net, args, Path(d) / "report.json")
+    report["config"]["layout"] = f"{args.hosts} hosts x {args.per_host} ranks, {args.rate} Mbit/s"
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, args.plot)
+    print(summary(report))
 
 
 def summary(report: dict) -> str:

@@ -38,7 +38,7 @@ RATIO_FIELDS = {"op", "bytes", "in_place", "system", "peer", "ratio"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def bench(*args, env=None, launcher=(sys.executable, "-m", "weft.bench"), timeout=240):
+def bench(*args, env=None, launcher=(sys.executable, "-m", "weft.bench"), timeout=240, ok=True):
     run_env = {**os.environ, **(env or {})}
     for var in ("WEFT_ALGO", "WEFT_TRANSPORT", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
         if env is None or var not in env:
@@ -46,7 +46,8 @@ def bench(*args, env=None, launcher=(sys.executable, "-m", "weft.bench"), timeou
     proc = subprocess.run(
         [*launcher, *args], env=run_env, capture_output=True, text=True, timeout=timeout
     )
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    if ok:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return proc
 
 
@@ -204,6 +205,15 @@ def test_under_torchrun_it_uses_the_launchers_ranks():
     assert "2 ranks (torchrun)" in proc.stdout
     assert proc.stdout.count("# weft: all_reduce") == 1  # rank 0 alone reports
     assert "# gloo: all_reduce" in proc.stdout
+    # Several algorithms share the launcher's processes, each on its own communicator.
+    proc = bench(*QUICK, "--algo", "ring,rd", launcher=(*torchrun, "-m", "weft.bench"))
+    assert proc.stdout.count("# weft[ring]: all_reduce") == 1
+    assert proc.stdout.count("# weft[rd]: all_reduce") == 1
+    refused = bench(
+        *QUICK, "--transport", "shm,tcp", launcher=(*torchrun, "-m", "weft.bench"), ok=False
+    )
+    assert refused.returncode != 0
+    assert "one --transport per run" in refused.stderr
 
 
 def test_progress_bar_follows_the_ranks_steps(monkeypatch):

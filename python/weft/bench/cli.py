@@ -104,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tune:
         return tune.run(args.tune, size, launcher, args.timeout)
     entries = lineup.weft_entries(args.algo, args.transport, args.op)
-    if launcher and len(entries) > 1:
+    if launcher and len(args.transport) > 1:
         sys.exit(
-            f"weft-bench: under {launcher.name}, one weft variant per run (weft reads WEFT_* "
-            "once per process); launch without a launcher for several --algo/--transport"
+            f"weft-bench: under {launcher.name}, one --transport per run (weft reads "
+            "WEFT_TRANSPORT once per process); launch without a launcher for several"
         )
     entries += [lineup.peer_entry(p, args.op, size, launcher, args.mpirun) for p in args.vs]
     if not launcher:
@@ -144,7 +144,7 @@ def measure(entries, plan, args, size, launcher) -> dict[str, list[dict]]:
     that a drift in background load hits all alike); returns each system's launches. weft's
     algorithms over one transport share a launch and take turns at each size (see
     launch_groups)."""
-    groups = launch_groups([e for e in entries if e.status == "ok"], launcher)
+    groups = launch_groups([e for e in entries if e.status == "ok"])
     runs: dict[str, list[dict]] = {e.name: [] for e in entries}
     store = launch.rendezvous(launcher) if launcher else None
     on_rank0 = launcher is None or launcher.rank == 0
@@ -163,14 +163,13 @@ def measure(entries, plan, args, size, launcher) -> dict[str, list[dict]]:
     return runs
 
 
-def launch_groups(ready: list, launcher) -> list[list]:
+def launch_groups(ready: list) -> list[list]:
     """The launches of one round: weft's variants of one transport together (each algorithm
     on its own communicator, so they meet the same placement of ranks on CPUs, which on a
-    crowded machine changes from launch to launch), every other system alone. Under a
-    launcher there is only one weft variant."""
+    crowded machine changes from launch to launch), every other system alone."""
     groups: dict[str, list] = {}
     for e in ready:
-        key = f"weft {e.env.get('WEFT_TRANSPORT')}" if e.kind == "weft" and not launcher else e.name
+        key = f"weft {e.env.get('WEFT_TRANSPORT')}" if e.kind == "weft" else e.name
         groups.setdefault(key, []).append(e)
     return list(groups.values())
 

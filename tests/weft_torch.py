@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.torch_version import TorchVersion
 from weft_pool import COMM_TIMEOUT_S
 
 # Every dtype gloo reduces; integers and floats get small integer values, so that sums,
@@ -44,6 +45,26 @@ OPS = (
 BITWISE = (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR)
 # 0, 1, primes, and one above the one-shot allreduce threshold (the ring path).
 COUNTS = (0, 1, 7, 1031, 65537)
+
+# What the reference, gloo, lacks or does differently in older torch releases. The cases
+# concerned compute their expected results without gloo there (see test_backend.py).
+TORCH_VERSION = TorchVersion(torch.__version__)
+# ReduceOp.AVG: from 2.8 (an allreduce by SUM, then an in-place division by the world size).
+GLOO_HAS_AVG = TORCH_VERSION >= (2, 8)
+# reduce_scatter, of lists or into a tensor, by the op given. Before 2.8 gloo has no list
+# reduce_scatter; before 2.9 both forms sum whatever the op.
+GLOO_REDUCE_SCATTERS = TORCH_VERSION >= (2, 9)
+# Broadcast of complex tensors ("Invalid scalar type" before).
+GLOO_BROADCASTS_COMPLEX = TORCH_VERSION >= (2, 9)
+# A reduce_scatter_tensor whose output and input dtypes differ raises a RuntimeError; before,
+# a failed CHECK aborts the process.
+GLOO_RAISES_ON_MIXED_DTYPES = TORCH_VERSION >= (2, 10)
+# all_to_all_single refuses a non-contiguous tensor (ValueError); torch 2.5's gloo takes it and
+# sends its storage in memory order, not its elements in order.
+GLOO_REFUSES_NON_CONTIGUOUS_ALL_TO_ALL = TORCH_VERSION >= (2, 6)
+# gather of a non-contiguous input delivers its elements in order; before, gloo sends the
+# input's storage in memory order, so that the root's tensor does not equal the input.
+GLOO_GATHERS_NON_CONTIGUOUS = TORCH_VERSION >= (2, 9)
 
 
 class Groups:
@@ -160,6 +181,21 @@ class Twins:
             self.fail(what, f"weft raised {exc!r}")
             return
         self.compare(what, moved(args if result is None else result, "cpu"), expected)
+
+    def refused(self, what: str, make, run, error=RuntimeError):
+        """For operations whose reference some gloo releases cannot give (they abort the
+        process, or accept what later ones refuse): runs on the weft group alone, which must
+        raise ``error`` as later gloo does."""
+        self.ctx.note(what)
+        args = moved(make(), self.weft_device)
+        try:
+            run(self.groups.weft, *args)
+        except error:
+            return
+        except Exception as exc:  # noqa: BLE001 - reported as a difference
+            self.fail(what, f"weft raised {exc!r}, not {error.__name__}")
+            return
+        self.fail(what, f"weft did not raise {error.__name__}")
 
     def compare(self, what, got, want, approx=False):
         got_t, want_t = flat_tensors(got), flat_tensors(want)

@@ -11,16 +11,16 @@
   (TORCH_VERSION_MAJOR > (major) ||       \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
-#if !WEFT_TORCH_AT_LEAST(2, 5) && defined(WEFT_HAVE_CUDA)
+#if !WEFT_TORCH_AT_LEAST(2, 11) && defined(WEFT_HAVE_CUDA)
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace weft::torch_compat {
 
 // The stream's native handle (a cudaStream_t on CUDA devices).
-// c10::Stream::native_handle() arrived in torch 2.5.
+// c10::Stream::native_handle() arrived in torch 2.11.
 inline void* native_handle(const c10::Stream& stream) {
-#if WEFT_TORCH_AT_LEAST(2, 5)
+#if WEFT_TORCH_AT_LEAST(2, 11)
   return stream.native_handle();
 #elif defined(WEFT_HAVE_CUDA)
   return c10::cuda::CUDAStream(stream).stream();

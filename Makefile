@@ -65,6 +65,7 @@ bench-algorithms: install install-peers
 		$(PYTHON) -m weft.bench $(ALGO_SWEEP) --np $$np --json $(RESULTS)/algos_tcp_np$$np.json \
 			--plot $(RESULTS)/algos_tcp_np$$np.png > $(RESULTS)/algos_tcp_np$$np.txt || exit 1; \
 	done
-	$(PYTHON) bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 -b 64K -e 64M \
+	$(PYTHON) bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 -b 16 -e 256M \
+		--algos ring,tree,rd,rhd,hier,auto -n 3 --repeats 2 \
 		--json $(RESULTS)/hier_2x2_1gbit.json --plot $(RESULTS)/hier_2x2_1gbit.png \
 		> $(RESULTS)/hier_2x2_1gbit.md

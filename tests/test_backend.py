@@ -82,11 +82,12 @@ def coalesced_inputs(dtype, seed):
     return ([values(s, dtype, seed + i) for i, s in enumerate(shapes)],)
 
 
-def reducing(run, op):
+def reducing(run, op, gloo_has_avg=GLOO_HAS_AVG):
     """``run`` with ``op``, where the first argument of ``run`` is the output. gloo has no
-    AVG before torch 2.8: there its side runs SUM and divides the output in place by the
-    world size on every rank, as later gloo does (so refusing integer tensors as it does)."""
-    if op != AVG or GLOO_HAS_AVG:
+    AVG before torch 2.8 (nor where its side is computed here, see ``computed``): there its
+    side runs SUM and divides the output in place by the world size on every rank, as later
+    gloo does (so refusing integer tensors as it does)."""
+    if op != AVG or gloo_has_avg:
         return partial(run, op=op)
 
     def run_avg(group, output, *args, **kwargs):
@@ -219,8 +220,8 @@ def reduce_scatter_coalesced(group, outs, inps, op):
     return outs
 
 
-# Each ReduceOp but AVG as an elementwise torch function of two tensors of one dtype (bool
-# SUM and PRODUCT: logical or and and, as in gloo).
+# Each ReduceOp but AVG (see reducing) as an elementwise torch function of two tensors of one
+# dtype (bool SUM and PRODUCT: logical or and and, as in gloo).
 PAIRWISE = {
     dist.ReduceOp.SUM: torch.add,
     dist.ReduceOp.PRODUCT: torch.mul,
@@ -235,16 +236,14 @@ PAIRWISE = {
 def computed(run, contribution):
     """``run``, a reduce_scatter, with gloo's side computed here instead: rank r's output is
     the reduction of ``contribution(s, r)`` over every rank s (the part of rank s's input
-    that goes to rank r). For gloo releases that lack the operation or get it wrong."""
+    that goes to rank r). For gloo releases that lack the operation or get it wrong. AVG
+    comes here as SUM (wrap it in ``reducing`` with gloo_has_avg=False)."""
 
     def run_or_compute(group, out, inputs, op, async_op=False):
         if dist.get_backend(group) != "gloo":
             return run(group, out, inputs, op=op, async_op=async_op)
         rank, n = dist.get_rank(group), dist.get_world_size(group)
-        parts = [contribution(s, rank) for s in range(n)]
-        out.copy_(functools.reduce(PAIRWISE[dist.ReduceOp.SUM if op == AVG else op], parts))
-        if op == AVG:
-            out.div_(n)  # as gloo's AVG: refuses integer tensors
+        out.copy_(functools.reduce(PAIRWISE[op], [contribution(s, rank) for s in range(n)]))
         return out
 
     return run_or_compute
@@ -268,6 +267,7 @@ def case_reduce_scatter(ctx):
                     return values((n * c,), d, seed_of(rank, d, c))
 
                 lists, tensor = reduce_scatter, reduce_scatter_tensor
+                gloo_has_avg = GLOO_HAS_AVG and GLOO_REDUCE_SCATTERS
                 if not GLOO_REDUCE_SCATTERS:
                     lists = computed(lists, lambda s, r, f=inputs_of: f(s)[r])
                     tensor = computed(
@@ -276,13 +276,13 @@ def case_reduce_scatter(ctx):
                 t.same(
                     f"reduce_scatter list {dtype} {op} count={count}",
                     lambda c=count, d=dtype, f=inputs_of: (torch.zeros(c, dtype=d), f(ctx.rank)),
-                    partial(reducing(lists, op), async_op=count == 7),
+                    partial(reducing(lists, op, gloo_has_avg), async_op=count == 7),
                     **avg_rules(op, dtype),
                 )
                 t.same(
                     f"reduce_scatter_tensor {dtype} {op} count={count}",
                     lambda c=count, d=dtype, f=input_of: (torch.zeros(c, dtype=d), f(ctx.rank)),
-                    partial(reducing(tensor, op), async_op=count == 7),
+                    partial(reducing(tensor, op, gloo_has_avg), async_op=count == 7),
                     **avg_rules(op, dtype),
                 )
     if hasattr(dist, "reduce_scatter_single"):

@@ -349,6 +349,11 @@ ENV_CASES = {
     "WEFT_CUDA_PATH=bogus": ({"WEFT_CUDA_PATH": "bogus"}, None, "WEFT_CUDA_PATH"),
     "WEFT_NCCL_MODE=bogus": ({"WEFT_NCCL_MODE": "bogus"}, None, "WEFT_NCCL_MODE"),
     "WEFT_NCCL_STEP_BYTES=0": ({"WEFT_NCCL_STEP_BYTES": "0"}, None, "WEFT_NCCL_STEP_BYTES"),
+    "WEFT_SCRATCH_CACHE_BYTES=x": (
+        {"WEFT_SCRATCH_CACHE_BYTES": "x"},
+        None,
+        "WEFT_SCRATCH_CACHE_BYTES",
+    ),
 }
 
 

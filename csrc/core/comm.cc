@@ -10,6 +10,7 @@
 #include "core/common/error.h"
 #include "core/common/log.h"
 #include "core/exec/cpu_placement.h"
+#include "core/exec/scratch_pool.h"
 #include "core/transport/op_signature.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/tcp/tcp_connection.h"
@@ -285,9 +286,9 @@ void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, con
            name << " #" << seq << ": " << to_string(dtype) << ", " << to_string(op) << ", "
                 << out_bytes << " bytes out, algorithm " << plan.algorithm << " ("
                 << plan.steps.size() << " steps)");
-  const size_t scratch_bytes = plan.scratch_count * element_size(dtype);
-  if (scratch_.size() < scratch_bytes) scratch_.resize(scratch_bytes);
-  OpBuffers buffers{in, out, scratch_.data()};
+  const ScratchPool::Lease scratch =
+      ScratchPool::process().borrow(plan.scratch_count * element_size(dtype));
+  OpBuffers buffers{in, out, scratch.data()};
   try {
     executor_->run(plan, buffers, op_context(name, seq, plan, dtype, op, out_bytes));
   } catch (const Error& e) {

@@ -139,7 +139,6 @@ class Communicator {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<P2pEngine> p2p_;
   std::map<PlanKey, Plan> plans_;  // touched only by the running op
-  std::vector<char> scratch_;
   char barrier_byte_ = 0;
 
   mutable std::mutex abort_mu_;

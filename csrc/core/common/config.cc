@@ -93,6 +93,7 @@ Config parse() {
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);
+  c.scratch_cache_bytes = env_long("WEFT_SCRATCH_CACHE_BYTES", c.scratch_cache_bytes);
   if (const char* algo = env("WEFT_ALGO")) c.algo = algo;
   if (const char* tune = env("WEFT_TUNE")) c.tune = tune;
   c.cuda_path = env_choice("WEFT_CUDA_PATH", c.cuda_path,

@@ -30,10 +30,11 @@ struct Config {
   int tcp_slots = 4;                                  // WEFT_TCP_SLOTS
   bool shm_cma = false;                               // WEFT_SHM_CMA=1: process_vm_readv transfers
   size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES
-  size_t streaming_bytes = 8 << 20;     // WEFT_STREAMING_BYTES: outputs this large bypass the cache
-  std::string algo = "auto";            // WEFT_ALGO: auto or an algorithm family
-  std::string tune = "measure";         // WEFT_TUNE: measure | off | <cost model file>
-  CudaPath cuda_path = CudaPath::Auto;  // WEFT_CUDA_PATH=auto|staging|ipc|nccl
+  size_t streaming_bytes = 8 << 20;  // WEFT_STREAMING_BYTES: outputs this large bypass the cache
+  size_t scratch_cache_bytes = 256 << 20;  // WEFT_SCRATCH_CACHE_BYTES: scratch kept between ops
+  std::string algo = "auto";               // WEFT_ALGO: auto or an algorithm family
+  std::string tune = "measure";            // WEFT_TUNE: measure | off | <cost model file>
+  CudaPath cuda_path = CudaPath::Auto;     // WEFT_CUDA_PATH=auto|staging|ipc|nccl
   size_t cuda_ipc_chunk_bytes = 64 << 20;  // WEFT_CUDA_IPC_CHUNK_BYTES: IPC staging per rank
   NcclMode nccl_mode = NcclMode::Native;   // WEFT_NCCL_MODE=native|plans
   size_t nccl_step_bytes = 4 << 20;        // WEFT_NCCL_STEP_BYTES: largest step of nccl plans

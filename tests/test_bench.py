@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -214,6 +215,36 @@ def test_under_torchrun_it_uses_the_launchers_ranks():
     )
     assert refused.returncode != 0
     assert "one --transport per run" in refused.stderr
+
+
+def test_algo_all_under_a_launcher_spanning_hosts_includes_hier():
+    """Ranks started by hand (RANK/WORLD_SIZE, as a launcher sets them) on two host identities:
+    --algo all then lists the families of a two-host world, hier among them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("WEFT_", "OMPI_"))}
+    base.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    argv = [sys.executable, "-m", "weft.bench", *QUICK, "-o", "all_reduce", "--algo", "all"]
+    procs = [
+        subprocess.Popen(
+            argv,
+            env={**base, "RANK": str(r), "WEFT_HOST_ID": f"bench-host-{r}"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, f"exit {p.returncode}\n{err[-4000:]}"
+    assert "# weft[hier]: all_reduce" in outs[0][0], outs[0][0]
+    assert "# weft[ring]: all_reduce" in outs[0][0]
 
 
 def test_progress_bar_follows_the_ranks_steps(monkeypatch):

@@ -10,6 +10,7 @@
 
 #include "buffer.h"
 #include "core/comm.h"
+#include "core/common/config.h"
 #include "core/common/error.h"
 #include "schedule.h"
 #include "store.h"
@@ -359,6 +360,11 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(error, e.what());
     }
   });
+
+  m.def(
+      "host_id", []() { return weft::config().host_id; },
+      "This process's host identity (WEFT_HOST_ID; default: hostname and boot id). Ranks with "
+      "the same one share memory; the number of distinct ones is a world's number of hosts.");
 
   m.def(
       "algorithms",

@@ -18,6 +18,7 @@ from weft._C import (  # noqa: F401
     PeerError,
     TimeoutError,
     algorithms,
+    host_id,
 )
 from weft.broadcast import broadcast_optimizer_state, broadcast_parameters
 from weft.ddp import DistributedDataParallel
@@ -33,6 +34,7 @@ __all__ = [
     "TimeoutError",
     "AbortedError",
     "algorithms",
+    "host_id",
     "monitored_barrier",
     "DistributedDataParallel",
     "broadcast_parameters",

@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     size = launcher.size if launcher else (args.np or 2)
     if args.tune:
         return tune.run(args.tune, size, launcher, args.timeout)
-    entries = lineup.weft_entries(args.algo, args.transport, args.op)
+    store = launch.rendezvous(launcher) if launcher else None
+    hosts = launch.count_hosts(store, launcher) if launcher else 1
+    entries = lineup.weft_entries(args.algo, args.transport, args.op, hosts)
     if launcher and len(args.transport) > 1:
         sys.exit(
             f"weft-bench: under {launcher.name}, one --transport per run (weft reads "
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "check": bool(args.check),
         "root": args.root,
     }
-    runs = measure(entries, plan, args, size, launcher)
+    runs = measure(entries, plan, args, size, launcher, store)
     if launcher and launcher.rank != 0:
         return 0
     full = build_report(entries, runs, plan, args, size, launcher, argv)
@@ -139,14 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if wrong or failed else 0
 
 
-def measure(entries, plan, args, size, launcher) -> dict[str, list[dict]]:
+def measure(entries, plan, args, size, launcher, store) -> dict[str, list[dict]]:
     """Runs every ready system --repeats times, interleaved (the order rotates each round so
     that a drift in background load hits all alike); returns each system's launches. weft's
     algorithms over one transport share a launch and take turns at each size (see
     launch_groups)."""
     groups = launch_groups([e for e in entries if e.status == "ok"])
     runs: dict[str, list[dict]] = {e.name: [] for e in entries}
-    store = launch.rendezvous(launcher) if launcher else None
     on_rank0 = launcher is None or launcher.rank == 0
     total = sum(len(e.ops) for g in groups for e in g) * len(plan["sizes"]) * args.repeats
     progress = Progress(total, shown=on_rank0)

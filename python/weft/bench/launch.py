@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from weft import local
@@ -60,6 +61,16 @@ def rendezvous(launcher: Launcher):
     os.environ.setdefault("WORLD_SIZE", str(launcher.size))
     store, _, _ = next(dist.rendezvous("env://"))
     return store
+
+
+def count_hosts(store, launcher: Launcher, timeout_s: float = 60) -> int:
+    """How many hosts the launcher's ranks are on, as weft tells hosts apart (WEFT_HOST_ID)."""
+    import weft
+
+    store.set(f"bench/host/{launcher.rank}", weft.host_id())
+    keys = [f"bench/host/{r}" for r in range(launcher.size)]
+    store.wait(keys, timedelta(seconds=timeout_s))
+    return len({store.get(key) for key in keys})
 
 
 # ---- ranks launched here --------------------------------------------------------------------

@@ -40,18 +40,24 @@ class Entry:
         }
 
 
-def weft_entries(algos: list[str], transports: list[str], ops: list[str]) -> list[Entry]:
+def weft_entries(
+    algos: list[str], transports: list[str], ops: list[str], hosts: int = 1
+) -> list[Entry]:
     """One entry per (algorithm, transport). With --algo all, every algorithm weft has for
-    the ops asked, each measured on the ops it applies to; a named algorithm runs every op,
-    and weft refuses the ops it does not apply to (reported with weft's message)."""
+    the ops asked on ranks spread over `hosts` hosts, each measured on the ops it applies to;
+    a named algorithm runs every op, and weft refuses the ops it does not apply to (reported
+    with weft's message)."""
     import weft
+
+    def families(op: str) -> list[str]:
+        return weft.algorithms(OPS[op].collective, hosts)
 
     every = algos == ["all"]
     if every:
-        algos = list(dict.fromkeys(a for op in ops for a in weft.algorithms(OPS[op].collective)))
+        algos = list(dict.fromkeys(a for op in ops for a in families(op)))
     entries = []
     for algo in algos:
-        applies = [op for op in ops if algo in weft.algorithms(OPS[op].collective)]
+        applies = [op for op in ops if algo in families(op)]
         runs = applies if every else ops
         for transport in transports:
             name = "weft" + ("" if transport == "auto" else f"-{transport}")

@@ -4,12 +4,19 @@ Per op, size and form: one checked call on patterned inputs (with -c), `warmup` 
 on zeroed buffers (zeros stay zeros however often they are reduced), the system's barrier, then
 `iters` timed calls, the clock stopped once the last one is done. A rank's time per call is the
 elapsed time / iters (nccl-tests' mean); the caller takes the slowest rank's (results.py).
+
+The loop's own tensor work (filling, zeroing, checking) runs on one thread: torch's OpenMP
+threads keep spinning after each parallel region, and on a machine with fewer cores than ranks
+they take the CPU from the ranks being measured (on 2 cores, 4 ranks over tcp, that doubled
+weft's time at 512 KiB).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+import torch
 
 from weft.bench import ops
 from weft.bench.systems import System, Unsupported
@@ -30,6 +37,7 @@ def run_plan(
     the records come in the same order on every rank. `step()` is called once per (op, size)
     of each variant.
     """
+    torch.set_num_threads(1)
     dtype = ops.DTYPES[plan["dtype"]]
     elem_size = dtype.itemsize
     outs = {name: {"records": [], "refused": {}, "unsupported": []} for name in variants}

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -220,9 +219,9 @@ def test_under_torchrun_it_uses_the_launchers_ranks():
 def test_algo_all_under_a_launcher_spanning_hosts_includes_hier():
     """Ranks started by hand (RANK/WORLD_SIZE, as a launcher sets them) on two host identities:
     --algo all then lists the families of a two-host world, hier among them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from weft.local import free_port
+
+    port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("WEFT_", "OMPI_"))}
     base.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     argv = [sys.executable, "-m", "weft.bench", *QUICK, "-o", "all_reduce", "--algo", "all"]

@@ -14,21 +14,8 @@ ScratchPool::Lease::Lease(Lease&& other) noexcept
       buffer_(std::move(other.buffer_)),
       bytes_(std::exchange(other.bytes_, 0)) {}
 
-ScratchPool::Lease& ScratchPool::Lease::operator=(Lease&& other) noexcept {
-  if (this != &other) {
-    give_back();
-    pool_ = std::exchange(other.pool_, nullptr);
-    buffer_ = std::move(other.buffer_);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
-}
-
-ScratchPool::Lease::~Lease() { give_back(); }
-
-void ScratchPool::Lease::give_back() {
+ScratchPool::Lease::~Lease() {
   if (pool_ && buffer_) pool_->keep(std::move(buffer_), bytes_);
-  pool_ = nullptr;
 }
 
 ScratchPool& ScratchPool::process() {
@@ -63,11 +50,6 @@ void ScratchPool::keep(std::unique_ptr<char[]> buffer, size_t bytes) {
     kept_bytes_ -= kept_.begin()->first;
     kept_.erase(kept_.begin());
   }
-}
-
-size_t ScratchPool::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return kept_bytes_;
 }
 
 }  // namespace weft

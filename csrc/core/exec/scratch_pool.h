@@ -19,14 +19,12 @@ class ScratchPool {
    public:
     Lease() = default;
     Lease(Lease&& other) noexcept;
-    Lease& operator=(Lease&& other) noexcept;
     ~Lease();
     char* data() const { return buffer_.get(); }
 
    private:
     friend class ScratchPool;
     Lease(ScratchPool* pool, std::unique_ptr<char[]> buffer, size_t bytes);
-    void give_back();
 
     ScratchPool* pool_ = nullptr;
     std::unique_ptr<char[]> buffer_;
@@ -39,13 +37,12 @@ class ScratchPool {
   // The smallest kept buffer that is large enough, or a new one. 0 bytes
   // borrows nothing.
   Lease borrow(size_t bytes);
-  size_t cached_bytes() const;
 
  private:
   void keep(std::unique_ptr<char[]> buffer, size_t bytes);
 
   const size_t cache_bytes_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::multimap<size_t, std::unique_ptr<char[]>> kept_;  // by size
   size_t kept_bytes_ = 0;
 };

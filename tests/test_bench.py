@@ -312,7 +312,10 @@ def test_tune_writes_a_cost_model_that_weft_tune_loads(tmp_path):
         k: float(v) for k, v in (line.split() for line in text.splitlines() if line[:1] != "#")
     }
     assert set(values) == COST_MODEL_FIELDS and all(v > 0 for v in values.values())
-    assert values["shm_alpha_s"] < values["tcp_alpha_s"]
+    # Measured, not the built-in figures. (Which link comes out faster depends on where the
+    # scheduler put each launch's two ranks: sharing a core, shm pings cost a context switch.)
+    builtin = dict(line.split() for line in cost_model_with("off").stdout.splitlines())
+    assert all(values[k] != float(builtin[k]) for k in COST_MODEL_FIELDS), (values, builtin)
     # A communicator takes the file as it is, comments and all.
     loaded = cost_model_with(str(path))
     assert loaded.returncode == 0, loaded.stderr

@@ -21,12 +21,16 @@ namespace weft {
 // created; weft-bench --tune takes the thorough one (about a second) and
 // saves the result for WEFT_TUNE=<file>.
 struct ProbeEffort {
-  int pings;              // 1-byte exchanges per pairing (median)
-  int transfers;          // large exchanges per pairing (median)
+  int pings;              // 1-byte exchanges per pairing
+  int transfers;          // large exchanges per pairing
   size_t transfer_bytes;  // their size
+  // Each kind of exchange is timed in this many consecutive windows; the
+  // figure is the lowest window's median, so a stretch when another process
+  // held the CPU does not become the link's cost.
+  int windows;
 };
-constexpr ProbeEffort kQuickProbe{16, 5, size_t{1} << 20};
-constexpr ProbeEffort kThoroughProbe{400, 40, size_t{4} << 20};
+constexpr ProbeEffort kQuickProbe{16, 5, size_t{1} << 20, 1};
+constexpr ProbeEffort kThoroughProbe{400, 40, size_t{4} << 20, 8};
 
 // Runs `plan` on every rank (all ranks call it in the same order) over
 // these buffers.

@@ -29,7 +29,8 @@ def run(net, args, out: Path) -> dict:
     at every size) and gloo."""
     size = args.hosts * args.per_host
     bench = [sys.executable, "-m", "weft.bench", "-o", "all_reduce", "-b", args.b, "-e", args.e]
-    bench += ["-f", "4", "-n", str(args.n), "-w", "1", "--repeats", str(args.repeats)]
+    bench += ["-f", "4", "-n", str(args.n), "--iter-bytes", args.iter_bytes, "-w", "1"]
+    bench += ["--repeats", str(args.repeats)]
     bench += ["--algo", args.algos, "--vs", "gloo", f"--json={out}"]
     procs = []
     for rank in range(size):
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("-b", default="64K")
     parser.add_argument("-e", default="64M")
     parser.add_argument("-n", type=int, default=5)
+    parser.add_argument("--iter-bytes", default="0", help="weft-bench's (more calls when small)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--json", type=Path, required=True)

@@ -28,6 +28,7 @@ RECORD_FIELDS = {
     "redop",
     "root",
     "in_place",
+    "iters",
     "time_us",
     "algbw_GBps",
     "busbw_GBps",
@@ -181,6 +182,16 @@ def test_algorithms_share_a_launch(tmp_path):
     for name in ("weft[ring]", "weft[oneshot]"):
         mine = [r for r in results if r["system"] == name]
         assert {r["bytes"] for r in mine} == {8, 65536} and all(r["wrong"] == 0 for r in mine)
+
+
+def test_iter_bytes_times_more_calls_at_small_sizes(tmp_path):
+    out = tmp_path / "r.json"
+    sweep_args = ("-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-w", "1")
+    proc = bench(*sweep_args, "--iter-bytes", "64K", f"--json={out}")
+    assert "-n 2 --iter-bytes 64 KiB" in proc.stdout
+    iters = {r["bytes"]: r["iters"] for r in json.loads(out.read_text())["results"]}
+    # Up to 512 B the cap (20 x -n); 4 KiB: 64 KiB / 4 KiB calls; 32 KiB: -n.
+    assert iters == {8: 40, 64: 40, 512: 40, 4096: 16, 32768: 2}
 
 
 def test_algo_all_draws_one_line_per_algorithm_and_refusals_are_clear(tmp_path):

@@ -17,11 +17,12 @@ from weft.bench.machine import machine_info
 from weft.bench.ops import DTYPES, OPS
 from weft.bench.plot import plot
 from weft.bench.progress import Progress
-from weft.bench.sizes import parse_size, sweep
+from weft.bench.sizes import MAX_ITERS_FACTOR, parse_size, sweep
 
 TIMING = (
-    "per call, the mean over -n iterations started together after a barrier (nccl-tests' "
-    "method), of the slowest rank, in us; with repeats, the median over the launches"
+    "per call, the mean over -n iterations (more with --iter-bytes) started together after a "
+    "barrier (nccl-tests' method), of the slowest rank, in us; with repeats, the median over "
+    "the launches"
 )
 BANDWIDTH = "algbw = size / time, busbw = algbw x the op's factor as in nccl-tests; GB = 1e9 B"
 
@@ -45,6 +46,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("-f", "--stepfactor", type=int, default=2, help="default %(default)s")
     add("-n", "--iters", type=int, default=20, help="timed iterations, default %(default)s")
     add("-w", "--warmup_iters", type=int, default=5, help="default %(default)s")
+    add(
+        "--iter-bytes",
+        type=parse_size,
+        default=0,
+        help="more timed calls than -n at small sizes, until they move this many bytes (at most "
+        f"{MAX_ITERS_FACTOR}x -n): one descheduling then skews fewer of them; default off",
+    )
     add("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (#wrong)")
     ops = ["all", *OPS]
     add("-o", "--op", type=comma_list(ops), default=["all_reduce"], help=", ".join(ops))
@@ -121,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": args.sizes,
         "dtype": args.datatype,
         "iters": args.iters,
+        "iter_bytes": args.iter_bytes,
         "warmup": args.warmup_iters,
         "check": bool(args.check),
         "root": args.root,

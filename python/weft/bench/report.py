@@ -8,6 +8,7 @@ from pathlib import Path
 
 from weft.bench import ops
 from weft.bench.ops import OPS
+from weft.bench.sizes import human
 
 FORMAT = "weft-bench/1"
 CSV_FIELDS = (
@@ -21,11 +22,17 @@ def cols(values, widths) -> str:
     return "".join(f"  {v:>{w}}" for v, w in zip(values, widths))
 
 
+def iter_bytes(config: dict) -> str:
+    b = config.get("iter_bytes", 0)
+    return f" --iter-bytes {human(b)}" if b else ""
+
+
 def header(config: dict) -> list[str]:
     c = config
     return [
         f"# weft-bench: {c['world_size']} ranks ({c['launcher']}), {c['dtype']}, "
-        f"-n {c['iters']} -w {c['warmup']} -c {int(c['check'])}, repeats {c['repeats']}, "
+        f"-n {c['iters']}{iter_bytes(c)} -w {c['warmup']} -c {int(c['check'])}, "
+        f"repeats {c['repeats']}, "
         f"tensors on {'huge' if c.get('huge_pages') else 'default'} pages "
         f"(THP_MEM_ALLOC_ENABLE={int(bool(c.get('huge_pages')))})",
         f"# time: {c['timing']}",

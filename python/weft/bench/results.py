@@ -51,6 +51,7 @@ def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
                 "redop": "sum" if op.reduces else None,
                 "root": plan["root"] if op.rooted else -1,
                 "in_place": same[0]["in_place"],
+                "iters": same[0]["iters"],
                 "time_us": sig(t * 1e6),
                 "algbw_GBps": sig(algbw),
                 "busbw_GBps": sig(algbw * op.bus_factor(n)),

@@ -6,6 +6,8 @@ import argparse
 import re
 
 SUFFIXES = {"": 0, "K": 10, "M": 20, "G": 30}
+# --iter-bytes adds at most this many times -n calls.
+MAX_ITERS_FACTOR = 20
 
 
 def parse_size(text: str) -> int:
@@ -34,3 +36,9 @@ def human(nbytes: int) -> str:
         if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
             return f"{nbytes >> shift} {unit}"
     return f"{nbytes} B"
+
+
+def timed_calls(plan: dict, nbytes: int) -> int:
+    """-n, or at small sizes enough calls to move --iter-bytes (the same on every rank)."""
+    wanted = -(-plan.get("iter_bytes", 0) // max(1, nbytes))
+    return max(plan["iters"], min(wanted, MAX_ITERS_FACTOR * plan["iters"]))

@@ -2,7 +2,8 @@
 
 Per op, size and form: one checked call on patterned inputs (with -c), `warmup` untimed calls
 on zeroed buffers (zeros stay zeros however often they are reduced), the system's barrier, then
-`iters` timed calls, the clock stopped once the last one is done. A rank's time per call is the
+`iters` timed calls (more at small sizes with --iter-bytes, see timed_calls), the clock stopped
+once the last one is done. A rank's time per call is the
 elapsed time / iters (nccl-tests' mean); the caller takes the slowest rank's (results.py).
 
 The loop's own tensor work (filling, zeroing, checking) runs on one thread: torch's OpenMP
@@ -19,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from weft.bench import ops
+from weft.bench.sizes import timed_calls
 from weft.bench.systems import System, Unsupported
 
 
@@ -84,8 +86,9 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         call()
     system.sync()
     system.barrier()
+    iters = timed_calls(plan, shape.count * dtype.itemsize)
     start = time.perf_counter()
-    for _ in range(plan["iters"]):
+    for _ in range(iters):
         call()
     system.sync()
     elapsed = time.perf_counter() - start
@@ -94,6 +97,7 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         "bytes": shape.count * dtype.itemsize,
         "count": shape.count,
         "in_place": in_place,
-        "time_s": elapsed / max(1, plan["iters"]),
+        "iters": iters,
+        "time_s": elapsed / iters,
         "wrong": wrong,
     }

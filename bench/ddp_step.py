@@ -7,20 +7,23 @@ Every system trains the same model (an MLP 1024-4096-4096-1024, 25.2M float32 pa
 weft.DistributedDataParallel (torch's DDP: default 25 MB buckets, reduced while backward runs)
 and SGD, on the same fixed batch. Systems: gloo, weft, and weft with bf16 gradient compression.
 
-Method. Each rank runs one torch thread (2 ranks on this 2-core machine). Per launch, after
-`--warmup` steps and a barrier, three figures, each the mean over `--steps` iterations and the
-max over ranks: the full step (forward, backward with its gradient allreduce, optimizer step);
-the same step under no_sync (compute only, no communication); and one allreduce of a flat
-tensor as large as all the gradients (communication only). Systems are launched in turn,
-`--repeats` rounds with the order rotated each round; each figure is the median over rounds.
-Every system's tensors are on transparent huge pages (THP_MEM_ALLOC_ENABLE=1, which the ranks
-inherit) unless `--default-pages`; the table says which.
+Method. Each rank runs one torch thread (2 ranks on this 2-core machine). In each launch every
+system has its own model on its own process group (weft's is the default group, gloo's a
+subgroup), and the systems take turns, `--turns` times in an order that rotates, so that all
+meet the same placement of ranks on CPUs, which changes from launch to launch, and the same
+background load. Per turn, three figures, each the mean over `--steps` iterations and the max
+over ranks: the full step (forward, backward with its gradient allreduce, optimizer step); the
+same step under no_sync (compute only, no communication); and one allreduce of a flat tensor as
+large as all the gradients (communication only). Each figure is the median over all turns of
+`--repeats` launches. Every system's tensors are on transparent huge pages
+(THP_MEM_ALLOC_ENABLE=1, which the ranks inherit) unless `--default-pages`; the table says which.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -57,49 +60,77 @@ def mean_seconds(fn, iterations: int) -> float:
     return (time.perf_counter() - start) / iterations
 
 
-def time_rank(rank: int, size: int, store, system: str, opts: dict) -> dict:
-    backend, compression = SYSTEMS[system]
+class System:
+    """One system's DDP model, optimizer and gradients-sized tensor, on its process group."""
+
+    def __init__(self, name: str, group, opts: dict):
+        _, compression = SYSTEMS[name]
+        torch.manual_seed(0)
+        self.group = group
+        self.model = weft.DistributedDataParallel(
+            make_model(opts["width"]), process_group=group, compression=compression
+        )
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-4)
+        self.grads = torch.zeros(sum(p.numel() for p in self.model.parameters()))
+
+    def step(self, x, y) -> None:
+        self.optimizer.zero_grad()
+        torch.nn.functional.mse_loss(self.model(x), y).backward()
+        self.optimizer.step()
+
+    def allreduce_all_gradients(self) -> None:
+        dist.all_reduce(self.grads, group=self.group)
+
+    def measure(self, x, y, steps: int) -> dict:
+        def compute_only():
+            with self.model.no_sync():
+                self.step(x, y)
+
+        return {
+            "step_s": mean_seconds(lambda: self.step(x, y), steps),
+            "compute_s": mean_seconds(compute_only, steps),
+            "allreduce_s": mean_seconds(
+                lambda: dist.all_reduce(self.grads, group=self.group), steps
+            ),
+            "parameters": self.grads.numel(),
+        }
+
+
+def time_rank(rank: int, size: int, store, opts: dict, launch: int) -> dict:
+    """One launch: every system on its own process group, taking turns (the order rotating)
+    so that each meets the same placement of ranks on CPUs and the same background load."""
     torch.set_num_threads(1)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size)
-    torch.manual_seed(0)
-    model = weft.DistributedDataParallel(make_model(opts["width"]), compression=compression)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    dist.init_process_group("weft", store=store, rank=rank, world_size=size)
+    groups = {"weft": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    names = opts["systems"]
+    systems = {name: System(name, groups[SYSTEMS[name][0]], opts) for name in names}
     x = torch.randn(opts["batch"], opts["width"] // 4)
     y = torch.randn(opts["batch"], opts["width"] // 4)
-
-    def step():
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-
-    def compute_only():
-        with model.no_sync():
-            step()
-
-    grads = torch.zeros(sum(p.numel() for p in model.parameters()))
-    for _ in range(opts["warmup"]):
-        step()
-    result = {
-        "step_s": mean_seconds(step, opts["steps"]),
-        "compute_s": mean_seconds(compute_only, opts["steps"]),
-        "allreduce_s": mean_seconds(lambda: dist.all_reduce(grads), opts["steps"]),
-        "parameters": grads.numel(),
-    }
+    for system in systems.values():
+        for _ in range(opts["warmup"]):
+            system.step(x, y)
+    turns: dict[str, list[dict]] = {name: [] for name in names}
+    for turn in range(opts["turns"]):
+        shift = (launch + turn) % len(names)
+        for name in names[shift:] + names[:shift]:
+            turns[name].append(systems[name].measure(x, y, opts["steps"]))
     dist.barrier()
+    del systems  # DDP's reducers hold the groups; let them go while Python is whole
+    gc.collect()
     dist.destroy_process_group()
-    return result
+    return turns
 
 
 def run(opts: dict) -> dict:
     names = opts["systems"]
     rounds: dict[str, list[dict]] = {name: [] for name in names}
-    for round_index in range(opts["repeats"]):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            per_rank = weft.local.spawn(time_rank, WORLD_SIZE, name, opts)
-            figures = {key: max(r[key] for r in per_rank) for key in per_rank[0]}
-            rounds[name].append(figures)
-            print(f"round {round_index + 1} {name}: " + describe(figures), flush=True)
+    for launch in range(opts["repeats"]):
+        per_rank = weft.local.spawn(time_rank, WORLD_SIZE, opts, launch)
+        for name in names:
+            for turn, at_ranks in enumerate(zip(*(r[name] for r in per_rank))):
+                figures = {key: max(r[key] for r in at_ranks) for key in at_ranks[0]}
+                rounds[name].append(figures)
+                print(f"launch {launch + 1} turn {turn + 1} {name}: " + describe(figures))
     medians = {
         name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         for name, runs in rounds.items()
@@ -121,8 +152,9 @@ def markdown(report: dict) -> str:
     lines = [
         f"DDP training step, world size 2, MLP of {parameters / 1e6:.1f}M "
         f"float32 parameters, batch {opts['batch']} per rank, {report['date']}. Milliseconds, "
-        f"median of {opts['repeats']} launches (each the mean of {opts['steps']} steps, max over "
-        f"ranks). Load average before the run: {report['load_average_before']:.2f} on "
+        f"median of {opts['turns']} turns in each of {opts['repeats']} launches (each the mean of "
+        f"{opts['steps']} steps, max over ranks; the systems take turns within a launch). "
+        f"Load average before the run: {report['load_average_before']:.2f} on "
         f"{os.cpu_count()} cores. Tensors on "
         + (
             "transparent huge pages (THP_MEM_ALLOC_ENABLE=1)."
@@ -148,9 +180,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="samples per rank")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="launches")
+    parser.add_argument("--turns", type=int, default=3, help="turns of every system per launch")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
-    parser.add_argument("--quick", action="store_true", help="width 512, 3 steps, 1 round")
+    parser.add_argument("--quick", action="store_true", help="width 512, 3 steps, 1 launch, 1 turn")
     parser.add_argument(
         "--default-pages", action="store_true", help="leave torch's tensors on 4 KiB pages"
     )
@@ -158,8 +191,8 @@ def main() -> None:
     if not args.default_pages:
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     if args.quick:
-        args.width, args.steps, args.warmup, args.repeats = 512, 3, 1, 1
-    opts = {k: getattr(args, k) for k in ("width", "batch", "steps", "warmup", "repeats")}
+        args.width, args.steps, args.warmup, args.repeats, args.turns = 512, 3, 1, 1, 1
+    opts = {k: getattr(args, k) for k in ("width", "batch", "steps", "warmup", "repeats", "turns")}
     opts["systems"] = args.systems.split(",")
     opts["huge_pages"] = not args.default_pages
     load_before = os.getloadavg()[0]

@@ -245,3 +245,24 @@ def test_train_digits_example_matches_gloo():
     for ours, gloo in zip(runs["weft"], runs["gloo"]):
         assert len(ours["losses"]) == len(gloo["losses"])
         torch.testing.assert_close(ours["losses"], gloo["losses"], rtol=1e-5, atol=0)
+
+
+# ---- bench/ddp_step.py, in its smoke-test size -------------------------------------------------
+
+
+def test_ddp_step_benchmark_times_every_system_in_one_launch():
+    script = ROOT / "bench" / "ddp_step.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    systems = ["gloo", "weft", "weft-bf16"]
+    # One launch, one turn each, in the launch's rotation.
+    turns = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("launch")]
+    assert turns == [f"launch 1 turn 1 {name}" for name in systems]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ")]
+    table = {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}
+    assert list(table) == systems
+    for name, cells in table.items():
+        assert all(float(ms) > 0 for ms in cells[:3]), (name, cells)
+    assert table["gloo"][3] == "1.00"

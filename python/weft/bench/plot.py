@@ -51,7 +51,7 @@ def plot(report: dict, path: Path) -> None:
             ax.xaxis.set_minor_locator(NullLocator())
             ax.legend(fontsize="small")
     fig.suptitle(
-        f"weft-bench, {config['world_size']} ranks: busbw as in nccl-tests "
+        f"weft-bench, {config['world_size']} ranks: busbw as in nccl-tests\n"
         f"({machine.get('cpu_model')}, {machine.get('cores')} cores, "
         f"{machine.get('date', '')[:10]})"
     )

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -67,7 +68,7 @@ CostModel probe_cost_model(const RunPlan& run, int rank, int size,
   auto time_s = [&](int partner, size_t bytes, int times) {
     const Plan plan = pair_exchange(partner, bytes);
     const int per_window = std::max(1, times / effort.windows);
-    double lowest = 0;
+    double lowest = std::numeric_limits<double>::infinity();
     for (int w = 0; w < effort.windows; ++w) {
       // A rank that sleeps is placed afresh when it wakes: two ranks left
       // sharing one core (pings then cost a context switch) get another
@@ -80,7 +81,7 @@ CostModel probe_cost_model(const RunPlan& run, int rank, int size,
         t.push_back(now_s() - start);
       }
       std::nth_element(t.begin(), t.begin() + per_window / 2, t.end());
-      lowest = w == 0 ? t[per_window / 2] : std::min(lowest, t[per_window / 2]);
+      lowest = std::min(lowest, t[per_window / 2]);
     }
     return lowest;
   };

@@ -3,8 +3,8 @@
 Per op, size and form: one checked call on patterned inputs (with -c), `warmup` untimed calls
 on zeroed buffers (zeros stay zeros however often they are reduced), the system's barrier, then
 `iters` timed calls (more at small sizes with --iter-bytes, see timed_calls), the clock stopped
-once the last one is done. A rank's time per call is the
-elapsed time / iters (nccl-tests' mean); the caller takes the slowest rank's (results.py).
+once the last one is done. A rank's time per call is the elapsed time / iters (nccl-tests'
+mean); the caller takes the slowest rank's (results.py).
 
 The loop's own tensor work (filling, zeroing, checking) runs on one thread: torch's OpenMP
 threads keep spinning after each parallel region, and on a machine with fewer cores than ranks

@@ -619,6 +619,52 @@ def test_send_recv_async(pools, size, transport):
     assert_no_mismatch(pools.get(size, transport).run(case_send_recv_async))
 
 
+# ---- torch tensors: every type weft.Communicator takes, views into larger tensors -------------
+
+TORCH_TYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+
+
+def case_torch_tensor_views(ctx, count):
+    """Allreduces (sum) a slice from the middle of a larger tensor, in place and into a slice
+    of another: the result lands at the slice's offset and nothing around it changes. weft._C
+    reads torch tensors through weft._C_torch in C++ (python/host_tensor.h), so this checks
+    the pointer, size and type it reads for every type."""
+    import torch
+
+    check = Checker(ctx.rank, ctx.note)
+    total = ctx.size * (ctx.size + 1) // 2
+    for name in TORCH_TYPES:
+        dtype = getattr(torch, name)
+        for in_place in (True, False):
+            with check.case(f"torch.{name} count={count} in_place={in_place}"):
+                base = torch.full((count + 10,), 7, dtype=dtype)
+                view = base[3 : 3 + count]
+                view.fill_(ctx.rank + 1)
+                outside = torch.full((count + 10,), 5, dtype=dtype)
+                out = None if in_place else outside[4 : 4 + count]
+                returned = ctx.comm.allreduce(view, out=out)
+                result, around = (view, base) if in_place else (out, outside)
+                expected = torch.full((count,), total, dtype=dtype)
+                if returned is not result:
+                    check.fail("allreduce did not return its destination")
+                if not torch.equal(result, expected):
+                    check.fail(f"result {result[:4].tolist()}..., expected {total}")
+                start = 3 if in_place else 4
+                fill = 7 if in_place else 5
+                untouched = torch.cat([around[:start], around[start + count :]])
+                if not torch.equal(untouched, torch.full_like(untouched, fill)):
+                    check.fail("elements outside the slice changed")
+    return check.lines
+
+
+@pytest.mark.parametrize(
+    ("size", "transport"), [(2, "shm"), (3, "tcp")], ids=["ws2-shm", "ws3-tcp"]
+)
+def test_torch_tensor_views(pools, size, transport):
+    for count in (0, 1, 1009):
+        assert_no_mismatch(pools.get(size, transport).run(case_torch_tensor_views, count))
+
+
 # ---- communicator attributes and several communicators over one store ------------------------
 
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/common/error.h"
+#include "host_tensor.h"
 
 namespace py = pybind11;
 
@@ -97,6 +98,27 @@ py::object call(const py::object& tensor, PyObject* method) {
   return py::reinterpret_steal<py::object>(result);
 }
 
+// weft._C_torch's reader (host_tensor.h), looked up on the first tensor;
+// nullptr where that module is not built. Called with the GIL held: the flag
+// is set before the import, so a thread that runs while the import has let the
+// GIL go takes the Python path instead of waiting.
+const HostTensorReader* host_tensor_reader() {
+  static bool looked = false;
+  static const HostTensorReader* reader = nullptr;
+  if (looked) return reader;
+  looked = true;
+  PyObject* module = PyImport_ImportModule("weft._C_torch");
+  PyObject* capsule = module ? PyObject_GetAttrString(module, "host_tensor_reader") : nullptr;
+  if (capsule) {
+    reader = static_cast<const HostTensorReader*>(
+        PyCapsule_GetPointer(capsule, kHostTensorReaderCapsule));
+  }
+  if (!reader) PyErr_Clear();
+  Py_XDECREF(capsule);
+  Py_XDECREF(module);
+  return reader;
+}
+
 const char* kSupported =
     "float32, float64, float16, bfloat16 (torch tensors), int8, uint8, int32 or int64";
 
@@ -106,6 +128,8 @@ BufferView::BufferView(const py::handle& obj, const char* what, bool writable)
     : object_(py::reinterpret_borrow<py::object>(obj)) {
   if (PyObject_CheckBuffer(obj.ptr())) {
     from_buffer_protocol(what, writable);
+  } else if (read_tensor_in_cpp(obj)) {
+    return;
   } else if (PyObject_HasAttr(obj.ptr(), tensor_names().data_ptr)) {
     from_tensor(what);
   } else {
@@ -140,6 +164,16 @@ void BufferView::from_buffer_protocol(const char* what, bool writable) {
   }
   data_ = view_.buf;
   count_ = static_cast<size_t>(view_.len) / view_.itemsize;
+}
+
+bool BufferView::read_tensor_in_cpp(const py::handle& obj) {
+  const HostTensorReader* reader = host_tensor_reader();
+  HostTensor tensor;
+  if (reader == nullptr || !reader->read(obj.ptr(), &tensor)) return false;
+  data_ = tensor.data;
+  count_ = tensor.count;
+  dtype_ = tensor.dtype;
+  return true;
 }
 
 void BufferView::from_tensor(const char* what) {

@@ -35,6 +35,8 @@ class BufferView {
 
  private:
   void from_buffer_protocol(const char* what, bool writable);
+  // The common case of a torch tensor, read by weft._C_torch; false otherwise.
+  bool read_tensor_in_cpp(const pybind11::handle& obj);
   void from_tensor(const char* what);
 
   pybind11::object object_;

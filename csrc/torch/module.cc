@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend.h"
+#include "host_tensor_reader.h"
 
 namespace py = pybind11;
 
@@ -19,4 +20,6 @@ PYBIND11_MODULE(_C_torch, m) {
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("name"),
       py::call_guard<py::gil_scoped_release>(),
       "A weft Backend for one process group: connects to its peers through `store`.");
+  // weft._C reads torch tensors through it (python/host_tensor.h).
+  m.attr("host_tensor_reader") = weft::backend::host_tensor_reader_capsule();
 }

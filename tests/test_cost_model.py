@@ -82,6 +82,25 @@ def test_hierarchical_wins_across_slow_host_links():
     assert topo.choose("allreduce", 64 * MiB, world, m)[0] == "hier"
 
 
+def test_recursive_doubling_pays_shared_memory_inside_a_host():
+    # 2 hosts x 2 ranks numbered host by host: rd's first round pairs ranks of one host (shm),
+    # its second crosses (tcp), one tcp message to hier's two, so small messages take rd.
+    m = topo.CostModel()
+    m.shm = topo.LinkCost(alpha_s=2e-6, beta_s_per_b=1 / 8e9)
+    m.tcp = topo.LinkCost(alpha_s=40e-6, beta_s_per_b=1 / 0.125e9)
+    world = topo.Topology(size=4, hosts=2, ranks_per_host=2)
+    interleaved = topo.Topology(size=4, hosts=2, ranks_per_host=2, ranks_by_host=False)
+    assert world.ranks_by_host and not interleaved.ranks_by_host
+    rd = topo.predict("rd", "allreduce", 8, world, m)
+    assert rd == pytest.approx(m.shm.alpha_s + m.tcp.alpha_s, rel=0.01)
+    # Numbered otherwise, both rounds may cross hosts.
+    assert topo.predict("rd", "allreduce", 8, interleaved, m) == pytest.approx(
+        2 * m.tcp.alpha_s, rel=0.01
+    )
+    assert topo.choose("allreduce", 1024, world, m)[0] == "rd"
+    assert topo.choose("allreduce", 64 * MiB, world, m)[0] == "hier"
+
+
 def test_families_without_a_form_are_not_offered():
     # rhd's reduce-scatter and allgather need a power of two; hier needs several hosts.
     assert "rhd" in topo.algorithms_for("reduce_scatter", flat(8))

@@ -190,6 +190,9 @@ void Communicator::learn_topology() {
   for (const auto& entry : ranks_on) {
     if (entry.second != topology_.ranks_per_host) topology_.ranks_per_host = 0;
   }
+  for (int r = 0; r < size_ && topology_.ranks_per_host > 0; ++r) {
+    if (host_of_rank_[r] != r / topology_.ranks_per_host) topology_.ranks_by_host = false;
+  }
   cpu_placement::note_ranks_on_host(ranks_on[mesh_->peer(rank_).host_id]);
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   if (forced_algorithm_ == Algorithm::Auto) return;

@@ -46,6 +46,19 @@ bool has_form(Algorithm a, Collective c, const Topology& topo) {
 // Seconds for one message of `bytes` over `link`.
 double msg(const LinkCost& link, double bytes) { return link.alpha_s + bytes * link.beta_s_per_b; }
 
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// Rounds of recursive doubling between ranks of one host: the partner at
+// distance 2^k shares the host while 2^k < ranks_per_host. Counted only where
+// every round pairs ranks as numbered (no fold) and hosts are whole blocks.
+int rounds_inside_hosts(const Topology& topo) {
+  if (topo.hosts == 1 || !topo.ranks_by_host || !power_of_two(topo.size) ||
+      !power_of_two(topo.ranks_per_host)) {
+    return 0;
+  }
+  return log2_floor(topo.ranks_per_host);
+}
+
 }  // namespace
 
 std::string format_cost_model(const CostModel& m) {
@@ -165,7 +178,10 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       switch (a) {
         case Algorithm::Ring: return 2 * (n - 1) * msg(flat, S / n) + (n - 1) / n * S * g;
         case Algorithm::Oneshot: return (n - 1) * (msg(shared, S) + S * g);
-        case Algorithm::Rd: return log2_floor(topo.size) * (msg(shared, S) + S * g) + fold;
+        case Algorithm::Rd: {
+          const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
+          return inside * (msg(model.shm, S) + S * g) + across * (msg(shared, S) + S * g) + fold;
+        }
         case Algorithm::Rhd:
           return 2 * log2_floor(topo.size) * shared.alpha_s +
                  2 * (p - 1.0) / p * S * shared.beta_s_per_b + (p - 1.0) / p * S * g + fold;

@@ -38,6 +38,9 @@ struct Topology {
   // Ranks on every host, or 0 when hosts hold different numbers of ranks.
   int ranks_per_host = 1;
   bool any_tcp = false;  // some pair of ranks talks over tcp
+  // Rank r is on host r / ranks_per_host, as launchers number them; then the
+  // first rounds of recursive doubling pair ranks of one host.
+  bool ranks_by_host = true;
 };
 
 // Barrier has a single algorithm and no cost.

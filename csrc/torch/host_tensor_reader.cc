@@ -3,32 +3,22 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "python/host_tensor.h"
+#include "tensors.h"
 
 namespace weft::backend {
 namespace {
 
-// The element types weft.Communicator takes (bool is the backend's alone).
-bool communicator_type(at::ScalarType type, DataType* out) {
-  switch (type) {
-    case at::kFloat: *out = DataType::Float32; return true;
-    case at::kDouble: *out = DataType::Float64; return true;
-    case at::kHalf: *out = DataType::Float16; return true;
-    case at::kBFloat16: *out = DataType::BFloat16; return true;
-    case at::kChar: *out = DataType::Int8; return true;
-    case at::kByte: *out = DataType::UInt8; return true;
-    case at::kInt: *out = DataType::Int32; return true;
-    case at::kLong: *out = DataType::Int64; return true;
-    default: return false;
-  }
-}
-
 bool read_host_tensor(PyObject* obj, python::HostTensor* out) {
   if (!THPVariable_Check(obj)) return false;
   const at::Tensor& tensor = THPVariable_Unpack(obj);
+  // bool is the backend's alone: weft.Communicator refuses it.
   if (!tensor.defined() || !tensor.is_cpu() || tensor.layout() != at::kStrided ||
-      !tensor.is_contiguous() || !communicator_type(tensor.scalar_type(), &out->dtype)) {
+      !tensor.is_contiguous() || tensor.scalar_type() == at::kBool) {
     return false;
   }
+  const std::optional<DataType> dtype = core_type_of(tensor.scalar_type());
+  if (!dtype) return false;
+  out->dtype = *dtype;
   out->data = tensor.data_ptr();
   out->count = static_cast<size_t>(tensor.numel());
   return true;

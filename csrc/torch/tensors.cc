@@ -1,6 +1,7 @@
 #include "tensors.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace weft::backend {
@@ -18,21 +19,6 @@ const char* op_name(c10d::ReduceOp::RedOpType op) {
     case c10d::ReduceOp::BXOR: return "BXOR";
     case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
     default: return "UNUSED";
-  }
-}
-
-DataType core_type(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return DataType::Float32;
-    case at::kDouble: return DataType::Float64;
-    case at::kHalf: return DataType::Float16;
-    case at::kBFloat16: return DataType::BFloat16;
-    case at::kChar: return DataType::Int8;
-    case at::kByte: return DataType::UInt8;
-    case at::kBool: return DataType::UInt8;
-    case at::kInt: return DataType::Int32;
-    case at::kLong: return DataType::Int64;
-    default: TORCH_CHECK(false, "Invalid scalar type");
   }
 }
 
@@ -58,20 +44,36 @@ ReduceOp bool_op(c10d::ReduceOp::RedOpType op) {
 
 }  // namespace
 
+std::optional<DataType> core_type_of(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DataType::Float32;
+    case at::kDouble: return DataType::Float64;
+    case at::kHalf: return DataType::Float16;
+    case at::kBFloat16: return DataType::BFloat16;
+    case at::kChar: return DataType::Int8;
+    case at::kByte: return DataType::UInt8;
+    case at::kBool: return DataType::UInt8;
+    case at::kInt: return DataType::Int32;
+    case at::kLong: return DataType::Int64;
+    default: return std::nullopt;
+  }
+}
+
 Reduction plan_reduction(at::ScalarType type, const c10d::ReduceOp& op) {
   const auto kind = op.op_;
   TORCH_CHECK(kind != c10d::ReduceOp::PREMUL_SUM && kind != c10d::ReduceOp::UNUSED,
               "Cannot use ReduceOp.", op_name(kind), " with weft");
-  const DataType dtype = core_type(type);
+  const std::optional<DataType> dtype = core_type_of(type);
+  TORCH_CHECK(dtype.has_value(), "Invalid scalar type");
   const bool bitwise =
       kind == c10d::ReduceOp::BAND || kind == c10d::ReduceOp::BOR || kind == c10d::ReduceOp::BXOR;
   TORCH_CHECK(!bitwise || !at::isFloatingType(type), "Cannot use ReduceOp.", op_name(kind),
               " with non-integral dtype");
   if (type == at::kBool) {
     TORCH_CHECK(kind != c10d::ReduceOp::AVG, "Cannot use ReduceOp.AVG with bool dtype");
-    return {kind != c10d::ReduceOp::BXOR, dtype, bool_op(kind)};
+    return {kind != c10d::ReduceOp::BXOR, *dtype, bool_op(kind)};
   }
-  return {!bitwise, dtype, core_op(kind)};
+  return {!bitwise, *dtype, core_op(kind)};
 }
 
 at::Tensor reduce_locally(const at::Tensor& gathered, const c10d::ReduceOp& op) {

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "core/common/types.h"
@@ -18,6 +19,10 @@ struct Reduction {
   DataType dtype;
   ReduceOp op;
 };
+
+// The core's element type for a torch type (bool travels as uint8), or
+// nullopt for types the core has no kernels for.
+std::optional<DataType> core_type_of(at::ScalarType type);
 
 // Refuses, as gloo does, PREMUL_SUM, bitwise ops on floating types and
 // element types without reduction kernels.

@@ -29,7 +29,7 @@ struct ProbeEffort {
   // held the CPU does not become the link's cost.
   int windows;
 };
-constexpr ProbeEffort kQuickProbe{16, 5, size_t{1} << 20, 1};
+constexpr ProbeEffort kQuickProbe{16, 5, size_t{1} << 20, 3};
 constexpr ProbeEffort kThoroughProbe{400, 40, size_t{4} << 20, 8};
 
 // Runs `plan` on every rank (all ranks call it in the same order) over

@@ -9,6 +9,7 @@ of test_collectives.py.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import weft
 from test_collectives import (
@@ -19,7 +20,7 @@ from test_collectives import (
     case_reduce_scatter,
 )
 from weft_pool import COMM_TIMEOUT_S
-from weft_ref import DTYPES, OPS, assert_no_mismatch
+from weft_ref import DTYPES, OPS, assert_no_mismatch, make_buffer, to_numpy
 
 WORLDS = (
     [(n, "shm-small") for n in range(1, 10)]
@@ -84,3 +85,67 @@ def test_forced_algorithm(pools, size, transport, collective, algo):
     pool = pools.get(size, transport)
     assert_no_mismatch(pool.run(case_forced, collective, algo, DTYPES, OPS, COUNTS))
     assert_no_mismatch(pool.run(case_forced, collective, algo, LARGE_DTYPES, OPS, (LARGE,)))
+
+
+FLOAT_DTYPES = ("np.float32", "np.float64", "np.float16", "torch.bfloat16")
+NAN_WORLDS = [(2, "shm-small"), (3, "shm-small"), (8, "shm-small"), (4, "hosts-of-2")]
+
+
+def nan_and_signed_zeros(rank: int, count: int) -> np.ndarray:
+    """Small integers (exact in every float type), a NaN where i % 7 == rank % 7, and signed
+    zeros where i % 5 == 0, their sign varying with the rank."""
+    x = np.random.default_rng(rank).integers(-50, 50, count).astype(np.float64)
+    i = np.arange(count)
+    x[i % 5 == 0] = np.where((i[i % 5 == 0] + rank) % 2 == 0, 0.0, -0.0)
+    x[i % 7 == rank % 7] = np.nan
+    return x
+
+
+def min_max_reference(op: str, size: int, count: int) -> np.ndarray:
+    """NaN where any rank has NaN; of +0 and -0, min takes -0 and max +0."""
+    xs = np.stack([nan_and_signed_zeros(r, count) for r in range(size)])
+    out = np.min(xs, axis=0) if op == "min" else np.max(xs, axis=0)  # propagates NaN
+    zero = out == 0
+    negative = np.signbit(xs).any(axis=0) if op == "min" else np.signbit(xs).all(axis=0)
+    out[zero] = np.where(negative[zero], -0.0, 0.0)
+    return out
+
+
+def case_min_max_agree(ctx, algo):
+    """MIN and MAX with NaNs and signed zeros: every rank gets the same bits, whichever order
+    its algorithm combines the operands in."""
+    comm = weft.Communicator(
+        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name(algo), timeout=COMM_TIMEOUT_S, algo=algo
+    )
+    lines = []
+    count = 1031
+    for dtype in FLOAT_DTYPES:
+        for op in ("min", "max"):
+            ctx.note(f"{algo} {dtype} {op}")
+            buf = make_buffer(dtype, nan_and_signed_zeros(ctx.rank, count))
+            comm.allreduce(buf, op=op)
+            got = to_numpy(buf).astype(np.float64)
+            want = min_max_reference(op, ctx.size, count)
+            same = (np.isnan(got) == np.isnan(want)) & (
+                np.isnan(want) | ((got == want) & (np.signbit(got) == np.signbit(want)))
+            )
+            if not same.all():
+                at = int(np.argmin(same))
+                lines.append(
+                    f"rank {ctx.rank}: {algo} {dtype} {op}: element {at} is {got[at]!r}, "
+                    f"expected {want[at]!r} ({int((~same).sum())} differ)"
+                )
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("size", "transport", "algo"),
+    [
+        pytest.param(n, t, a, id=f"{a}-ws{n}-{t}")
+        for n, t in NAN_WORLDS
+        for a in FAMILIES["allreduce"]
+        if applies("allreduce", a, n, t)
+    ],
+)
+def test_min_max_agree_on_every_rank(pools, size, transport, algo):
+    assert_no_mismatch(pools.get(size, transport).run(case_min_max_agree, algo))

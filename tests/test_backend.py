@@ -806,6 +806,75 @@ def case_ddp(ctx):
     return t.lines
 
 
+def dropped_inputs(group):
+    """An async reduce_scatter whose input list nothing else holds: the backend keeps the
+    inputs alive until the operation is done (torch does not), and memory allocated meanwhile
+    does not land on them."""
+    n = dist.get_world_size(group)
+    busy = [dist.all_reduce(torch.ones(1 << 21), group=group, async_op=True) for _ in range(2)]
+    out = torch.zeros(1 << 18)
+    work = dist.reduce_scatter(
+        out, list(torch.full((n << 18,), 7.0).chunk(n)), group=group, async_op=True
+    )
+    scribble = torch.full((n << 18,), -1.0)
+    for w in [*busy, work]:
+        w.wait()
+    del scribble
+    return out
+
+
+def collective_in_callback(group):
+    """A future callback that issues collectives of its own, blocking and waited on (as DDP
+    comm hooks such as PowerSGD do): they run, in the same order on every rank."""
+    x, y = torch.ones(5), torch.full((5,), 2.0)
+
+    def then(fut):
+        dist.all_reduce(y, group=group)
+        dist.all_reduce(y, group=group, async_op=True).wait()
+        return fut.value()[0]
+
+    fut = dist.all_reduce(x, group=group, async_op=True).get_future().then(then)
+    return torch.cat([fut.wait(), y])
+
+
+def send_in_callback(group):
+    """Point-to-point posted from a completion callback: a relay round the ring from rank 0,
+    every other rank forwarding what it got, plus one, from its receive's callback. Returns
+    what this rank received: the rank's number, n on rank 0."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    to = dist.get_global_rank(group, (rank + 1) % n)
+    frm = dist.get_global_rank(group, (rank - 1) % n)
+    got = torch.zeros(3)
+    sends = []
+
+    def forward(fut):
+        sends.append(dist.isend(got + 1, to, group=group))
+        return fut.value()
+
+    received = dist.irecv(got, frm, group=group)
+    if rank == 0:
+        sends.append(dist.isend(torch.ones(3), to, group=group))
+    else:
+        received.get_future().then(forward)
+    received.wait()
+    deadline = time.monotonic() + 30
+    while not sends:  # the callback may still be running
+        assert time.monotonic() < deadline, "the receive's callback never ran"
+        time.sleep(0.001)
+    sends[0].wait()
+    return got
+
+
+def case_lifetimes_and_callbacks(ctx):
+    t = Twins(ctx)
+    t.same("async inputs dropped before wait", tuple, dropped_inputs)
+    t.same("collectives issued from a future callback", tuple, collective_in_callback)
+    got = send_in_callback(t.groups.weft)
+    expected = ctx.size if ctx.rank == 0 else ctx.rank
+    t.check("isend issued from an irecv's callback", bool((got == expected).all()), f"{got}")
+    return t.lines
+
+
 # ---- tests ----------------------------------------------------------------------------------
 
 CASES = {
@@ -820,6 +889,7 @@ CASES = {
     "objects_and_barriers": case_objects_and_barriers,
     "subgroups": case_subgroups,
     "ddp": case_ddp,
+    "lifetimes_and_callbacks": case_lifetimes_and_callbacks,
 }
 
 

@@ -2,8 +2,9 @@
 
 The reference replays the kernels' contract (csrc/core/reduce/cuda_reduce.h) exactly: a left
 fold over the inputs in the storage type (float16/bfloat16 widened to float32 and rounded once
-at the end), integer wrap-around, truncating integer avg, and Min/Max as ``a < b ? a : b``. So
-every result is compared bit for bit, except that any NaN matches any NaN.
+at the end), integer wrap-around, truncating integer avg, and Min/Max that do not depend on the
+operands' order (NaN if either is NaN, -0 below +0). So every result is compared bit for bit,
+except that any NaN matches any NaN.
 
 Buffers are raw device bytes (uint8 torch tensors) placed at chosen byte offsets, so that the
 vectorized body, the element-wise head and tail, and the byte-wise path for misaligned buffers
@@ -77,6 +78,17 @@ def truncating_divide(x: np.ndarray, divisor: int) -> np.ndarray:
     return q.astype(x.dtype)
 
 
+def min_or_max(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The kernels' Min/Max: the smaller (larger) of a and b; NaN if either is; of -0 and +0,
+    -0 for min and +0 for max."""
+    out = np.where(a < b, a, b) if op == "min" else np.where(a > b, a, b)
+    if a.dtype.kind == "f":
+        tie = np.where(np.signbit(a) == (op == "min"), a, b)
+        out = np.where(a == b, tie, out)
+        out = np.where(np.isnan(a) | np.isnan(b), a + b, out)
+    return out
+
+
 def reference(dtype: str, op: str, divisor: int, inputs: list[np.ndarray]) -> np.ndarray:
     with np.errstate(all="ignore"):
         acc = widen(dtype, inputs[0]).copy()
@@ -86,10 +98,8 @@ def reference(dtype: str, op: str, divisor: int, inputs: list[np.ndarray]) -> np
                 acc = acc + x
             elif op == "prod":
                 acc = acc * x
-            elif op == "min":
-                acc = np.where(acc < x, acc, x)
             else:
-                acc = np.where(acc > x, acc, x)
+                acc = min_or_max(op, acc, x)
         if op == "avg" and divisor > 0:
             if acc.dtype.kind in "iu":
                 acc = truncating_divide(acc, divisor)

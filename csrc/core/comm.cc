@@ -160,18 +160,24 @@ void Communicator::agree_on_sizes() {
       (shm ? any_shm : any_tcp) = true;
     }
   }
+  // Every message is one slice and takes one slot of its connection, so what
+  // a sender can post unanswered is (slots) x (slice), on the transport with
+  // the fewest slots: a slot larger than the slice does not hold more.
   slice_bytes_ = SIZE_MAX;
-  size_t capacity = SIZE_MAX;
+  size_t slots = SIZE_MAX;
   if (any_shm) {
     slice_bytes_ = std::min(slice_bytes_, cfg.shm_slot_bytes);
-    capacity = std::min(capacity, cfg.shm_slot_bytes * cfg.shm_slots);
+    slots = std::min<size_t>(slots, cfg.shm_slots);
   }
   if (any_tcp) {
     slice_bytes_ = std::min(slice_bytes_, cfg.tcp_slot_bytes);
-    capacity = std::min(capacity, cfg.tcp_slot_bytes * cfg.tcp_slots);
+    slots = std::min<size_t>(slots, cfg.tcp_slots);
   }
-  if (!any_shm && !any_tcp) slice_bytes_ = capacity = cfg.shm_slot_bytes;  // world of one
-  step_limit_bytes_ = capacity / 2;
+  if (!any_shm && !any_tcp) {  // world of one
+    slice_bytes_ = cfg.shm_slot_bytes;
+    slots = cfg.shm_slots;
+  }
+  step_limit_bytes_ = slice_bytes_ * slots / 2;
 }
 
 void Communicator::learn_topology() {

@@ -1,4 +1,6 @@
 // Reductions: allreduce (single, list, coalesced), reduce, reduce_scatter.
+#include <algorithm>
+
 #include "backend.h"
 #include "op_helpers.h"
 #include "tensors.h"
@@ -175,7 +177,9 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::reduce_scatter_tensors(
                 ": input tensor must be the same size as output size times world size");
     hows.push_back(plan_reduction(outputs[i].scalar_type(), opts.reduceOp));
   }
-  if (!hows.empty() && !hows[0].native) {
+  const bool all_native =
+      std::all_of(hows.begin(), hows.end(), [](const Reduction& r) { return r.native; });
+  if (!all_native) {
     TORCH_CHECK(outputs.size() == 1, "weft ", what,
                 ": coalesced calls support SUM, AVG, PRODUCT, MIN and MAX only");
     at::Tensor out = outputs[0];

@@ -28,7 +28,11 @@ ReduceOp core_op(c10d::ReduceOp::RedOpType op) {
     case c10d::ReduceOp::AVG: return ReduceOp::Avg;
     case c10d::ReduceOp::PRODUCT: return ReduceOp::Prod;
     case c10d::ReduceOp::MIN: return ReduceOp::Min;
-    default: return ReduceOp::Max;
+    case c10d::ReduceOp::MAX: return ReduceOp::Max;
+    default:
+      // Bitwise ops on integers have no core reduction (plan_reduction marks
+      // them not native): reaching here is a bug in the caller.
+      TORCH_CHECK(false, "weft: ReduceOp.", op_name(op), " has no core reduction");
   }
 }
 
@@ -73,7 +77,9 @@ Reduction plan_reduction(at::ScalarType type, const c10d::ReduceOp& op) {
     TORCH_CHECK(kind != c10d::ReduceOp::AVG, "Cannot use ReduceOp.AVG with bool dtype");
     return {kind != c10d::ReduceOp::BXOR, *dtype, bool_op(kind)};
   }
-  return {!bitwise, *dtype, core_op(kind)};
+  // Bitwise ops are gathered and reduced locally; `op` is then never read.
+  if (bitwise) return {false, *dtype, ReduceOp::Sum};
+  return {true, *dtype, core_op(kind)};
 }
 
 at::Tensor reduce_locally(const at::Tensor& gathered, const c10d::ReduceOp& op) {
@@ -95,9 +101,22 @@ at::Tensor reduce_locally(const at::Tensor& gathered, const c10d::ReduceOp& op) 
   return acc;
 }
 
+namespace {
+
+// `bytes` bytes of `tensor`'s storage from its first element, as a uint8
+// tensor holding a reference to that storage: an asynchronous operation that
+// keeps only this view keeps the memory alive too (torch does not keep an
+// async op's inputs alive for it).
+at::Tensor storage_bytes(const at::Tensor& tensor, int64_t bytes) {
+  at::Tensor view = at::empty({0}, at::TensorOptions().dtype(at::kByte));
+  view.set_(tensor.storage(), tensor.storage_offset() * tensor.element_size(), {bytes}, {1});
+  return view;
+}
+
+}  // namespace
+
 at::Tensor bytes_of(const at::Tensor& tensor) {
-  return at::from_blob(tensor.data_ptr(), {static_cast<int64_t>(tensor.nbytes())},
-                       at::TensorOptions().dtype(at::kByte));
+  return storage_bytes(tensor, static_cast<int64_t>(tensor.nbytes()));
 }
 
 at::Tensor packed_bytes(at::TensorList tensors, bool copy_in) {
@@ -110,7 +129,7 @@ at::Tensor packed_bytes(at::TensorList tensors, bool copy_in) {
     total += static_cast<int64_t>(t.nbytes());
   }
   if (back_to_back && !tensors.empty()) {
-    return at::from_blob(const_cast<char*>(base), {total}, at::TensorOptions().dtype(at::kByte));
+    return storage_bytes(tensors[0], total);
   }
   at::Tensor packed = at::empty({total}, at::TensorOptions().dtype(at::kByte));
   if (copy_in) {

@@ -17,7 +17,7 @@ namespace weft::backend {
 struct Reduction {
   bool native;
   DataType dtype;
-  ReduceOp op;
+  ReduceOp op;  // native only
 };
 
 // The core's element type for a torch type (bool travels as uint8), or
@@ -32,11 +32,13 @@ Reduction plan_reduction(at::ScalarType type, const c10d::ReduceOp& op);
 // (not AVG: the core averages, and lists of tensors refuse it).
 at::Tensor reduce_locally(const at::Tensor& gathered, const c10d::ReduceOp& op);
 
-// The memory of a contiguous tensor as a flat uint8 tensor (no copy).
+// The memory of a contiguous tensor as a flat uint8 tensor (no copy; it
+// holds a reference to the storage, so the memory outlives the tensor).
 at::Tensor bytes_of(const at::Tensor& tensor);
 
 // The tensors' bytes back to back: a view when they already lie that way in
-// one storage, else a new buffer, holding their contents when `copy_in`.
+// one storage (holding a reference to it), else a new buffer, holding their
+// contents when `copy_in`.
 at::Tensor packed_bytes(at::TensorList tensors, bool copy_in);
 
 // Copies `packed` (from packed_bytes) into the tensors, unless it is a view

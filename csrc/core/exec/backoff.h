@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "core/common/deadline.h"
 #include "core/transport/connection.h"
 
 namespace weft {
@@ -22,10 +23,7 @@ class Backoff {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit Backoff(double timeout_s)
-      : timeout_(
-            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
-        timeout_s_(timeout_s) {}
+  explicit Backoff(double timeout_s) : timeout_(wait_duration(timeout_s)), timeout_s_(timeout_s) {}
 
   // Something moved: the next wait starts a fresh spin and a fresh timeout.
   void reset() { rounds_ = 0; }

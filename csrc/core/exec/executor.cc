@@ -90,13 +90,16 @@ class Run {
     }
   }
 
-  // A receive that found another operation's message: say which.
+  // A transport failure inside a send or receive (another operation's
+  // message, a peer gone mid-copy): say which operation and peer.
   template <typename Attempt>
   bool checked(Attempt attempt, int peer) {
     try {
       return attempt();
     } catch (const OutOfStepError& e) {
       throw_out_of_step(peer, e.what());
+    } catch (const PeerError& e) {
+      throw_lost_with_cause(peer, e.what());
     }
   }
 

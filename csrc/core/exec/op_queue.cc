@@ -18,19 +18,38 @@ OpQueue::~OpQueue() {
   }
 }
 
+namespace {
+// The queue whose operation's completion callbacks this thread is running.
+thread_local const OpQueue* completing = nullptr;
+}  // namespace
+
 void OpQueue::run(Entry& entry) {
+  std::exception_ptr error;
   try {
     entry.op(entry.seq, *entry.work);
-    entry.work->complete();
   } catch (...) {
-    entry.work->complete(std::current_exception());
+    error = std::current_exception();
   }
+  const OpQueue* outer = completing;
+  completing = this;
+  entry.work->complete(error);
+  completing = outer;
 }
 
 std::shared_ptr<Work> OpQueue::submit(Op op, bool async) {
   Entry entry{std::move(op), 0, std::make_shared<Work>()};
   std::unique_lock<std::mutex> lock(mu_);
   entry.seq = next_seq_++;
+  if (completing == this) {
+    // Issued by a completion callback (a comm hook chaining its next
+    // collective, or waiting on one): the thread that would run it is this
+    // one, so it runs now, right after the operation that completed, which
+    // is the same place in the order on every rank.
+    lock.unlock();
+    run(entry);
+    if (!async) entry.work->wait(-1);
+    return entry.work;
+  }
   if (!async && !busy_ && queue_.empty()) {
     busy_ = true;
     lock.unlock();

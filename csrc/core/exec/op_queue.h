@@ -1,7 +1,9 @@
 // Runs a communicator's operations one at a time, in issue order. A blocking
 // call made while nothing is queued runs on the caller's thread (no thread
 // hand-off on the small-message path); asynchronous calls, and blocking calls
-// issued behind them, run on one worker thread started on first use.
+// issued behind them, run on one worker thread started on first use. An
+// operation issued from a completion callback of this queue's operations runs
+// at once on the callback's thread (see submit).
 #pragma once
 
 #include <condition_variable>
@@ -36,7 +38,7 @@ class OpQueue {
     std::shared_ptr<Work> work;
   };
   void worker_loop();
-  static void run(Entry& entry);
+  void run(Entry& entry);
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -72,11 +72,12 @@ std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, int peer, uint32
     if (!match_stashed(request)) recvs_.push_back(request);
   }
   cv_.notify_all();
+  complete_finished();
   return work;
 }
 
 void P2pEngine::fail_all(std::exception_ptr error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (failed_.empty()) {
     try {
       std::rethrow_exception(error);
@@ -85,15 +86,30 @@ void P2pEngine::fail_all(std::exception_ptr error) {
     }
   }
   for (auto& queue : sends_) {
-    for (auto& request : queue) request.work->complete(error);
+    for (auto& request : queue) finish(request.work, error);
     queue.clear();
   }
-  for (auto& request : recvs_) request->work->complete(error);
+  for (auto& request : recvs_) finish(request->work, error);
   recvs_.clear();
   for (auto& arrival : arrivals_) {
-    if (arrival.request) arrival.request->work->complete(error);
+    if (arrival.request) finish(arrival.request->work, error);
     arrival = Arrival();
   }
+  lock.unlock();
+  complete_finished();
+}
+
+void P2pEngine::finish(const std::shared_ptr<Work>& work, std::exception_ptr error) {
+  finished_.emplace_back(work, error);
+}
+
+void P2pEngine::complete_finished() {
+  std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished.swap(finished_);
+  }
+  for (auto& [work, error] : finished) work->complete(error);
 }
 
 std::string P2pEngine::oldest_pending() const {
@@ -134,14 +150,15 @@ bool P2pEngine::match_stashed(const std::shared_ptr<RecvRequest>& request) {
                            [&](const Stashed& s) { return s.tag == request->tag; });
     if (it == queue.end()) continue;
     if (it->payload.size() != request->bytes) {
-      request->work->complete(std::make_exception_ptr(InvalidArgument(
-          describe("recv", request->seq, static_cast<int>(p)) + ": the message with tag " +
-          std::to_string(request->tag) + " has " + std::to_string(it->payload.size()) +
-          " bytes but the receive buffer " + std::to_string(request->bytes))));
+      finish(request->work,
+             std::make_exception_ptr(InvalidArgument(
+                 describe("recv", request->seq, static_cast<int>(p)) + ": the message with tag " +
+                 std::to_string(request->tag) + " has " + std::to_string(it->payload.size()) +
+                 " bytes but the receive buffer " + std::to_string(request->bytes))));
     } else {
       std::memcpy(request->data, it->payload.data(), request->bytes);
       request->work->set_source(static_cast<int>(p));
-      request->work->complete();
+      finish(request->work);
     }
     queue.erase(it);
     return true;
@@ -173,7 +190,7 @@ bool P2pEngine::progress_sends(int peer) {
   // Sends may go by reference: the buffer is the caller's again only once
   // the connection has let go of it.
   if (!conn->sends_complete()) return moved;
-  request.work->complete();
+  finish(request.work);
   queue.pop_front();
   return true;
 }
@@ -195,11 +212,12 @@ void P2pEngine::start_arrival(int peer, const Header& header) {
   }
   if (it != recvs_.end()) {
     // Wrong size: the receive fails, the bytes are drained into the stash.
-    (*it)->work->complete(std::make_exception_ptr(InvalidArgument(
-        describe("recv", (*it)->seq, peer) + ": rank " + std::to_string(peer) +
-        " sent a message with tag " + std::to_string(header.tag) + " of " +
-        std::to_string(header.bytes) + " bytes but the receive buffer has " +
-        std::to_string((*it)->bytes) + "; post a receive of the size that was sent")));
+    finish((*it)->work,
+           std::make_exception_ptr(InvalidArgument(
+               describe("recv", (*it)->seq, peer) + ": rank " + std::to_string(peer) +
+               " sent a message with tag " + std::to_string(header.tag) + " of " +
+               std::to_string(header.bytes) + " bytes but the receive buffer has " +
+               std::to_string((*it)->bytes) + "; post a receive of the size that was sent")));
     recvs_.erase(it);
     a.error = "drained";
   }
@@ -211,7 +229,7 @@ void P2pEngine::finish_arrival(int peer) {
   Arrival& a = arrivals_[peer];
   if (a.request) {
     a.request->work->set_source(peer);
-    a.request->work->complete();
+    finish(a.request->work);
   } else if (a.error.empty()) {
     stash_[peer].push_back(Stashed{a.tag, std::move(a.stash)});
     // A receive posted while this message was arriving may want it.
@@ -270,6 +288,9 @@ void P2pEngine::loop() {
     } catch (const Error&) {
       error = std::current_exception();
     }
+    lock.unlock();
+    complete_finished();
+    lock.lock();
     if (!error && !moved && pending()) {
       std::string waiting = oldest_pending();
       lock.unlock();

@@ -13,12 +13,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/exec/work.h"
@@ -92,6 +94,10 @@ class P2pEngine {
   bool pending() const;
   std::string oldest_pending() const;
   std::string describe(const char* op, uint64_t seq, int peer) const;
+  // Works finish under mu_ but complete after it is released: their
+  // callbacks may post sends and receives of their own.
+  void finish(const std::shared_ptr<Work>& work, std::exception_ptr error = nullptr);
+  void complete_finished();
 
   const int rank_;
   const std::vector<Connection*> conns_;
@@ -105,6 +111,7 @@ class P2pEngine {
   std::vector<Arrival> arrivals_;
   std::vector<std::deque<Stashed>> stash_;  // per peer, arrival order
   uint64_t next_seq_ = 0;
+  std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> finished_;
   std::string failed_;  // non-empty once the engine has failed
   bool stopping_ = false;
   std::thread thread_;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <string>
 
+#include "core/common/deadline.h"
 #include "core/common/error.h"
 
 namespace weft {
@@ -16,7 +17,7 @@ void Work::wait(double timeout_s) const {
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout_s < 0) {
     cv_.wait(lock, [&] { return done_; });
-  } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
+  } else if (!cv_.wait_for(lock, wait_duration(timeout_s), [&] { return done_; })) {
     throw TimeoutError("wait(" + std::to_string(timeout_s) +
                        " s) returned before the operation finished; it is still running");
   }

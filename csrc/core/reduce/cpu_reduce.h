@@ -21,9 +21,9 @@ namespace weft::reduce {
 // - float16/bfloat16 are widened to float32, reduced (and divided), rounded
 //   once to nearest-even. Overflow gives Inf; a NaN result stays NaN (quiet).
 // - Integer Sum/Prod wrap around on overflow, as numpy does.
-// - Float Min/Max are a < b ? a : b and a > b ? a : b (x86 minps/maxps): if
-//   either operand is NaN the result is b, so a NaN in b propagates and a
-//   NaN in a does not. Of -0 and +0 the result is b.
+// - Min/Max do not depend on the operands' order: a NaN in either operand
+//   gives NaN (as torch.minimum/maximum), and of -0 and +0 Min gives -0 and
+//   Max +0.
 // - dst may be a or b (the same address); other overlaps are not allowed.
 //   dst2, when not null, receives the same result.
 // - streaming=true writes dst with non-temporal stores (dst2 always uses

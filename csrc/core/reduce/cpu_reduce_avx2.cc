@@ -38,8 +38,8 @@ struct BFloat16 {
 };
 
 // Lanes<T>: one 32-byte block of T in compute form V, and the operations on
-// it. Float Min/Max are vminps/vmaxps: a < b ? a : b (a > b ? a : b), so a
-// NaN in either operand yields b.
+// it. Float Min/Max follow cpu_reduce.h (NaN if either operand is, -0 below
+// +0) where vminps/vmaxps alone would return b for NaNs and for ties.
 template <class T>
 struct Lanes;
 
@@ -53,8 +53,14 @@ struct Lanes<float> {
   static __m256i bits(V v) { return _mm256_castps_si256(v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static V min(V a, V b) { return _mm256_min_ps(a, b); }
-  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V min(V a, V b) { return symmetric(_mm256_min_ps(a, b), _mm256_or_ps(a, b), a, b); }
+  static V max(V a, V b) { return symmetric(_mm256_max_ps(a, b), _mm256_and_ps(a, b), a, b); }
+  // `ordered` where a and b compare, `tie` (their bits or-ed for Min, and-ed
+  // for Max: -0 wins Min, +0 Max) where equal, NaN where either is NaN.
+  static V symmetric(V ordered, V tie, V a, V b) {
+    const V r = _mm256_blendv_ps(ordered, tie, _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+    return _mm256_blendv_ps(r, _mm256_add_ps(a, b), _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+  }
   static Divisor divisor(int d) { return _mm256_set1_ps(static_cast<float>(d)); }
   static V div(V a, Divisor d) { return _mm256_div_ps(a, d); }
 };
@@ -69,8 +75,13 @@ struct Lanes<double> {
   static __m256i bits(V v) { return _mm256_castpd_si256(v); }
   static V add(V a, V b) { return _mm256_add_pd(a, b); }
   static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
-  static V min(V a, V b) { return _mm256_min_pd(a, b); }
-  static V max(V a, V b) { return _mm256_max_pd(a, b); }
+  static V min(V a, V b) { return symmetric(_mm256_min_pd(a, b), _mm256_or_pd(a, b), a, b); }
+  static V max(V a, V b) { return symmetric(_mm256_max_pd(a, b), _mm256_and_pd(a, b), a, b); }
+  // As Lanes<float>::symmetric.
+  static V symmetric(V ordered, V tie, V a, V b) {
+    const V r = _mm256_blendv_pd(ordered, tie, _mm256_cmp_pd(a, b, _CMP_EQ_OQ));
+    return _mm256_blendv_pd(r, _mm256_add_pd(a, b), _mm256_cmp_pd(a, b, _CMP_UNORD_Q));
+  }
   static Divisor divisor(int d) { return _mm256_set1_pd(static_cast<double>(d)); }
   static V div(V a, Divisor d) { return _mm256_div_pd(a, d); }
 };

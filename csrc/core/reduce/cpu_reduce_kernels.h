@@ -15,8 +15,8 @@ namespace weft::reduce::detail {
 enum class Kind : int {
   Sum,     // a + b (also Avg without a divisor)
   Prod,    // a * b
-  Min,     // a < b ? a : b
-  Max,     // a > b ? a : b
+  Min,     // the smaller; NaN if either is (cpu_reduce.h)
+  Max,     // the larger; NaN if either is
   SumDiv,  // (a + b) / divisor (Avg with a divisor)
   Div,     // a / divisor (b is ignored; callers pass b = a)
 };

@@ -6,8 +6,8 @@
 // Semantics are those of reduce::reduce() in cpu_reduce.h, extended from two
 // inputs to n, with these differences:
 // - The inputs are folded left: acc = srcs[0], then acc = acc (op) srcs[k]
-//   for k = 1..n-1, each step with cpu_reduce's rules (a = acc, b = srcs[k]:
-//   a NaN in a later input wins Min/Max). For n = 2 this is reduce().
+//   for k = 1..n-1, each step with cpu_reduce's rules (a = acc, b = srcs[k];
+//   Min/Max give NaN if any input is NaN). For n = 2 this is reduce().
 // - float16/bfloat16 are widened once and the whole fold (and the division)
 //   runs in float32, rounded once at the end. For n > 2 that is more exact
 //   than chaining reduce() calls, which round after every pair.

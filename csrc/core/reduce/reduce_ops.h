@@ -48,16 +48,29 @@ WEFT_HOST_DEVICE C divide_by(C a, int divisor) {
   }
 }
 
+// Min or Max, giving the same result in either operand order (ranks that
+// combine theirs with mine and mine with theirs must agree): a NaN operand
+// gives NaN, and of -0 and +0 Min gives -0 and Max +0.
+template <Kind K, class C>
+WEFT_HOST_DEVICE C min_or_max(C a, C b) {
+  if (K == Kind::Min ? a < b : a > b) return a;
+  if (K == Kind::Min ? b < a : b > a) return b;
+  if constexpr (std::is_floating_point_v<C>) {
+    if (a != a || b != b) return a + b;  // NaN
+    const bool a_is_negative_zero = a == 0 && 1 / a < 0;
+    return (K == Kind::Min) == a_is_negative_zero ? a : b;
+  }
+  return a;
+}
+
 template <Kind K, class C>
 WEFT_HOST_DEVICE C combine(C a, C b, int divisor) {
   if constexpr (K == Kind::Sum) {
     return add(a, b);
   } else if constexpr (K == Kind::Prod) {
     return mul(a, b);
-  } else if constexpr (K == Kind::Min) {
-    return a < b ? a : b;
-  } else if constexpr (K == Kind::Max) {
-    return a > b ? a : b;
+  } else if constexpr (K == Kind::Min || K == Kind::Max) {
+    return min_or_max<K>(a, b);
   } else if constexpr (K == Kind::SumDiv) {
     return divide_by(add(a, b), divisor);
   } else {

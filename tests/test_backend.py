@@ -758,6 +758,74 @@ def case_timeout(ctx):
     return outcome
 
 
+def case_p2p_timeouts(ctx):
+    """A receive whose message never comes fails after the group's timeout, even while other
+    messages keep arriving, and only it fails: it is withdrawn, so the next receive with its
+    tag gets the next message, and the group goes on working. A monitored barrier that one
+    rank reached late fails where gloo's does and leaves nothing behind: the next one passes.
+    Returns (what failed, seconds the stale receive took) per rank."""
+    import weft
+
+    gloo = groups(ctx).gloo
+    group = dist.new_group(backend="weft", timeout=timedelta(seconds=TIMEOUT_S))
+    rank, n = ctx.rank, ctx.size
+    problems, elapsed = [], 0.0
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.irecv(torch.zeros(1), 1, group=group, tag=7).wait()
+            problems.append("a receive nobody sends to returned")
+        except dist.DistBackendError as exc:
+            elapsed = time.monotonic() - start
+            if "recv" not in str(exc) or "rank 1" not in str(exc):
+                problems.append(f"the timeout does not name the op and peer: {exc}")
+        sent = torch.zeros(1)
+        dist.recv(sent, 1, group=group, tag=9)
+        for k in range(int(sent)):
+            other = torch.zeros(1)
+            dist.recv(other, 1, group=group, tag=8)
+            if other.item() != k:
+                problems.append(f"message {k} with tag 8 carried {other.item()}")
+    elif rank == 1:
+        count, end = 0, time.monotonic() + TIMEOUT_S + 0.5
+        while time.monotonic() < end:  # other traffic while rank 0's receive waits
+            dist.send(torch.full((1,), float(count)), 0, group=group, tag=8)
+            count += 1
+            time.sleep(0.02)
+        dist.send(torch.full((1,), float(count)), 0, group=group, tag=9)
+    dist.barrier(group=gloo)
+    if rank == 1:
+        dist.send(torch.full((1,), 42.0), 0, group=group, tag=7)
+    elif rank == 0:
+        fresh = torch.zeros(1)
+        dist.recv(fresh, 1, group=group, tag=7)
+        if fresh.item() != 42:
+            problems.append(f"the receive after the timeout got {fresh.item()}, not 42")
+    total = torch.ones(1)
+    dist.all_reduce(total, group=group)
+    if total.item() != n:
+        problems.append(f"all_reduce after the timeout gave {total.item()}")
+
+    late = rank == n - 1
+    if late:
+        dist.barrier(group=gloo)  # the others' barrier has failed by now
+    try:
+        weft.monitored_barrier(group, timeout=timedelta(seconds=1))
+        problems.append("the monitored barrier with a late rank passed")
+    except RuntimeError:
+        pass
+    if not late:
+        dist.barrier(group=gloo)
+    dist.barrier(group=gloo)
+    try:
+        weft.monitored_barrier(group, timeout=timedelta(seconds=10))
+    except RuntimeError as exc:
+        problems.append(f"the monitored barrier after one that failed: {exc}")
+    dist.barrier(group=gloo)
+    dist.destroy_process_group(group)
+    return problems, elapsed
+
+
 def case_monitored_barrier_missing_ranks(ctx, wait_all_ranks):
     """The last rank (and rank 1 too with wait_all_ranks, from 3 ranks up) skips a monitored
     barrier on fresh weft and gloo groups: rank 0 names them as gloo does, every rank that
@@ -910,6 +978,14 @@ def test_monitored_barrier_missing_ranks(pools, size, transport, wait_all_ranks)
         assert weft_kind == "raised", (rank, outcomes)
         assert weft_message == outcomes["gloo"][1], (rank, outcomes)
         assert 0.9 <= weft_elapsed <= 4, (rank, outcomes)
+
+
+@world_params
+def test_p2p_timeouts(pools, size, transport):
+    per_rank = pools.get(size, transport).run(case_p2p_timeouts)
+    assert [problems for problems, _ in per_rank] == [[]] * size, per_rank
+    elapsed = per_rank[0][1]
+    assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S + 3, per_rank
 
 
 @world_params

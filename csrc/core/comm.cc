@@ -421,7 +421,7 @@ std::shared_ptr<Work> Communicator::send(const void* buf, size_t bytes, int peer
   check_peer(peer, "send", false);
   check_usable();
   auto work = p2p_->send(buf, bytes, peer, tag);
-  if (!async) work->wait(-1);
+  if (!async) wait_point_to_point(*work);
   return work;
 }
 
@@ -430,8 +430,19 @@ std::shared_ptr<Work> Communicator::recv(void* buf, size_t bytes, int peer, uint
   check_peer(peer, "recv", true);
   check_usable();
   auto work = p2p_->recv(buf, bytes, peer, tag);
-  if (!async) work->wait(-1);
+  if (!async) wait_point_to_point(*work);
   return work;
+}
+
+void Communicator::wait_point_to_point(Work& work) const {
+  try {
+    work.wait(timeout_s_);
+  } catch (const TimeoutError&) {
+    // Withdrawn unless its bytes are moving; then the engine's own timeout
+    // bounds the rest. wait() rethrows the engine's error.
+    work.request_cancel();
+    work.wait(-1);
+  }
 }
 
 }  // namespace weft

@@ -54,6 +54,10 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::launch(c10d::OpType type, bool async
   auto work = c10::make_intrusive<BackendWork>(rank_, type, std::move(outputs),
                                                std::move(keep_alive), std::move(finish));
   work->track(works);
+  if (type == c10d::OpType::SEND || type == c10d::OpType::RECV ||
+      type == c10d::OpType::RECVANYSOURCE) {
+    work->bound_waits(comm_->timeout_s());
+  }
   return work;
 }
 

@@ -155,6 +155,7 @@ class WeftBackend : public c10d::Backend {
   std::vector<c10::Stream> streams_;
   // One byte per rank for the monitored barrier's messages.
   std::vector<char> monitored_barrier_bytes_;
+  uint32_t monitored_barriers_ = 0;  // calls so far: tags each call's messages
   std::unique_ptr<Communicator> comm_;
   // Per device index: the GPU transport chosen (null: staging); destroyed
   // before the communicator.

@@ -12,8 +12,11 @@
 namespace weft::backend {
 namespace {
 
-// Tag of the monitored barrier's messages, out of the way of user tags.
-constexpr uint32_t kMonitoredBarrierTag = 0xFFFFFF00u;
+// Tags of the monitored barrier's messages, out of the way of user tags
+// (which would have to be -256..-1 to meet them): the call's number modulo
+// 256 in the low byte, so that a message of a call that timed out is never
+// taken for the next call's.
+constexpr uint32_t kMonitoredBarrierTags = 0xFFFFFF00u;
 
 // `role` ("input", "output") names the tensor in errors, as gloo does.
 const at::Tensor& single_contiguous(const std::vector<at::Tensor>& tensors, const char* what,
@@ -81,25 +84,39 @@ void WeftBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
   };
   const std::string in_time =
       " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) + " ms";
-  // A late message may still land in these bytes after a failure: they live
-  // as long as the communicator.
+  // Waits until the deadline, then withdraws the request (so that it cannot
+  // take a later barrier's message) and throws the engine's TimeoutError.
+  auto wait_or_withdraw = [&](weft::Work& work) {
+    try {
+      work.wait(seconds_left());
+    } catch (const weft::TimeoutError&) {
+      work.request_cancel();
+      work.wait(-1);
+    }
+  };
+  const uint32_t tag = kMonitoredBarrierTags | (monitored_barriers_++ & 0xFFu);
+  // A message already moving when a wait gave up lands in these bytes later:
+  // they live as long as the communicator.
   char* byte = &monitored_barrier_bytes_[rank_];
   try {
     if (rank_ != 0) {
-      comm_->send(byte, 1, 0, kMonitoredBarrierTag, true)->wait(seconds_left());
-      comm_->recv(byte, 1, 0, kMonitoredBarrierTag, true)->wait(seconds_left());
+      wait_or_withdraw(*comm_->send(byte, 1, 0, tag, true));
+      wait_or_withdraw(*comm_->recv(byte, 1, 0, tag, true));
       return;
     }
     std::vector<std::shared_ptr<weft::Work>> arrivals(size_);
     for (int r = 1; r < size_; ++r) {
-      arrivals[r] = comm_->recv(&monitored_barrier_bytes_[r], 1, r, kMonitoredBarrierTag, true);
+      arrivals[r] = comm_->recv(&monitored_barrier_bytes_[r], 1, r, tag, true);
     }
     std::vector<int> missing;
     for (int r = 1; r < size_; ++r) {
       try {
-        arrivals[r]->wait(seconds_left());
+        wait_or_withdraw(*arrivals[r]);
       } catch (const weft::TimeoutError&) {
-        TORCH_CHECK(wait_all_ranks, "[Rank 0]: Rank ", r, in_time);
+        if (!wait_all_ranks) {
+          for (int later = r + 1; later < size_; ++later) arrivals[later]->request_cancel();
+          TORCH_CHECK(false, "[Rank 0]: Rank ", r, in_time);
+        }
         missing.push_back(r);
       }
     }
@@ -109,7 +126,7 @@ void WeftBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
       TORCH_CHECK(false, "[Rank 0]: Ranks ", ranks, in_time);
     }
     for (int r = 1; r < size_; ++r) {
-      comm_->send(byte, 1, r, kMonitoredBarrierTag, true)->wait(seconds_left());
+      wait_or_withdraw(*comm_->send(byte, 1, r, tag, true));
     }
   } catch (const weft::Error&) {
     rethrow_as_torch_error(std::current_exception());

@@ -3,6 +3,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/ivalue.h>
 
+#include "core/common/deadline.h"
 #include "errors.h"
 
 namespace weft::backend {
@@ -29,6 +30,7 @@ void BackendWork::track(const std::vector<std::shared_ptr<weft::Work>>& works) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_ = works.size();
+    works_ = works;
   }
   if (works.empty()) {
     complete(nullptr);
@@ -43,6 +45,32 @@ void BackendWork::track(const std::vector<std::shared_ptr<weft::Work>>& works) {
       self->core_work_done(error, finished ? finished->source() : -1);
     });
   }
+}
+
+void BackendWork::bound_waits(double timeout_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  bounded_wait_s_ = timeout_s;
+}
+
+bool BackendWork::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!bounded_wait_s_) {
+    lock.unlock();
+    return c10d::Work::wait(timeout);
+  }
+  {
+    const auto limit =
+        timeout == kNoTimeout
+            ? weft::wait_duration(*bounded_wait_s_)
+            : std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+    if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
+      // It then completes soon, with a TimeoutError, unless its bytes are
+      // moving (then the engine's own timeout bounds the rest).
+      for (const auto& work : works_) work->request_cancel();
+    }
+  }
+  lock.unlock();
+  return c10d::Work::wait(kNoTimeout);
 }
 
 void BackendWork::core_work_done(std::exception_ptr error, int source) {

@@ -4,8 +4,10 @@
 // (created on first request) then holds the output tensors.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
@@ -24,6 +26,12 @@ class BackendWork : public c10d::Work {
 
   // Call once, right after construction of a running operation.
   void track(const std::vector<std::shared_ptr<weft::Work>>& works);
+  // For point-to-point operations, whose requests can wait for a message that
+  // never comes: wait() without a timeout waits up to timeout_s, and a wait
+  // that times out withdraws the requests (weft::Work::request_cancel), so
+  // the Work fails with the reason instead of waiting on.
+  void bound_waits(double timeout_s);
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
 
   int sourceRank() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -43,6 +51,8 @@ class BackendWork : public c10d::Work {
   std::exception_ptr first_error_;
   int source_ = -1;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<std::shared_ptr<weft::Work>> works_;  // the tracked core Works
+  std::optional<double> bounded_wait_s_;            // set by bound_waits
 };
 
 // Runs an operation's finishing step (copies into the caller's tensors),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "core/common/error.h"
@@ -130,8 +131,9 @@ std::string P2pEngine::oldest_pending() const {
               : std::string("point-to-point");
 }
 
-bool P2pEngine::pending() const {
-  if (!recvs_.empty()) return true;
+bool P2pEngine::pending() const { return !recvs_.empty() || in_flight(); }
+
+bool P2pEngine::in_flight() const {
   for (const auto& arrival : arrivals_) {
     if (arrival.active) return true;
   }
@@ -139,6 +141,36 @@ bool P2pEngine::pending() const {
     if (!queue.empty()) return true;
   }
   return false;
+}
+
+void P2pEngine::withdraw_cancelled() {
+  auto timed_out = [&](const char* op, uint64_t seq, int peer, const std::string& what) {
+    return std::make_exception_ptr(
+        TimeoutError(describe(op, seq, peer) + ": " + what +
+                     " in time (the communicator's timeout, or the one given to wait); withdrawn"));
+  };
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    const RecvRequest& r = **it;
+    if (!r.work->cancel_requested()) {
+      ++it;
+      continue;
+    }
+    finish(r.work, timed_out("recv", r.seq, r.peer,
+                             "no message with tag " + std::to_string(r.tag) + " arrived"));
+    it = recvs_.erase(it);
+  }
+  for (size_t p = 0; p < sends_.size(); ++p) {
+    auto& queue = sends_[p];
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (it->header_sent || !it->work->cancel_requested()) {
+        ++it;
+        continue;
+      }
+      finish(it->work,
+             timed_out("send", it->seq, static_cast<int>(p), "the message could not be sent"));
+      it = queue.erase(it);
+    }
+  }
 }
 
 // A posted receive may already have its message set aside.
@@ -271,11 +303,15 @@ bool P2pEngine::progress_arrival(int peer) {
 
 void P2pEngine::loop() {
   cpu_placement::mark_worker_thread();
-  Backoff backoff(timeout_s_);
+  // A message that stopped moving fails after the timeout; receives that
+  // are only waiting for theirs are bounded by their waiters (see p2p.h).
+  Backoff moving(timeout_s_);
+  Backoff waiting(std::numeric_limits<double>::infinity());
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || (failed_.empty() && pending()); });
     if (stopping_) return;
+    withdraw_cancelled();
     bool moved = false;
     std::exception_ptr error;
     try {
@@ -292,16 +328,19 @@ void P2pEngine::loop() {
     complete_finished();
     lock.lock();
     if (!error && !moved && pending()) {
-      std::string waiting = oldest_pending();
+      const bool stalled = in_flight();
+      std::string awaited = oldest_pending();
+      if (!stalled) moving.reset();
       lock.unlock();
       try {
-        backoff.idle([&] { return waiting; });
+        (stalled ? moving : waiting).idle([&] { return awaited; });
       } catch (const TimeoutError&) {
         error = std::current_exception();
       }
       lock.lock();
     } else {
-      backoff.reset();
+      moving.reset();
+      waiting.reset();
     }
     if (error) {
       lock.unlock();

@@ -8,6 +8,11 @@
 // receive that names its source (or any source) and its tag; one that arrives
 // before its receive is set aside until it is posted. Messages from one
 // source with one tag are matched in the order they were sent.
+//
+// Timeouts: a message that stops moving part way (its peer stopped reading or
+// writing) fails the engine after timeout_s, since the connection's stream is
+// then lost. A receive whose message never comes only waits: whoever waits
+// for it bounds the wait and then withdraws it (Work::request_cancel).
 #pragma once
 
 #include <condition_variable>
@@ -32,7 +37,8 @@ class P2pEngine {
  public:
   // connections[p] is the point-to-point connection to rank p (null for this
   // rank). `on_error` runs (once, on the engine thread) when a peer is lost
-  // or nothing moves for timeout_s; every pending request fails with it.
+  // or a message in flight stops moving for timeout_s; every pending request
+  // fails with it.
   P2pEngine(int rank, std::vector<Connection*> connections, double timeout_s,
             std::function<void(const std::string&)> on_error);
   ~P2pEngine();
@@ -92,6 +98,10 @@ class P2pEngine {
   void finish_arrival(int peer);
   bool match_stashed(const std::shared_ptr<RecvRequest>& request);
   bool pending() const;
+  // A message is on its way in or out (not just a receive waiting).
+  bool in_flight() const;
+  // Fails the requests whose Work asked to be cancelled and have not started.
+  void withdraw_cancelled();
   std::string oldest_pending() const;
   std::string describe(const char* op, uint64_t seq, int peer) const;
   // Works finish under mu_ but complete after it is released: their

@@ -1,6 +1,7 @@
 // The handle of one issued operation.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -20,6 +21,13 @@ class Work {
   int source() const { return source_; }
   void set_source(int rank) { source_ = rank; }
 
+  // Asks the engine running a point-to-point request to withdraw it: one
+  // whose bytes have not started moving then fails with TimeoutError (a
+  // receive no longer matches a message that comes later); one already
+  // moving finishes, or fails with its connection.
+  void request_cancel() { cancel_requested_ = true; }
+  bool cancel_requested() const { return cancel_requested_; }
+
   void complete(std::exception_ptr error = nullptr);
   // Runs fn(error) once the operation has finished: at once if it already
   // has, else on the thread that completes it. One callback per Work.
@@ -31,6 +39,7 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   int source_ = -1;
+  std::atomic<bool> cancel_requested_{false};
   std::function<void(std::exception_ptr)> on_complete_;
 };
 

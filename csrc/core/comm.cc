@@ -246,8 +246,14 @@ Plan Communicator::make_plan(const PlanKey& key, DataType dtype, size_t max_step
 }
 
 const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {
+  // A loop over ever new sizes must not grow the cache without bound; a
+  // steady workload uses far fewer Plans than this.
+  constexpr size_t kMostCachedPlans = 1024;
   auto it = plans_.find(key);
-  if (it == plans_.end()) it = plans_.emplace(key, make_plan(key, dtype)).first;
+  if (it == plans_.end()) {
+    if (plans_.size() >= kMostCachedPlans) plans_.clear();
+    it = plans_.emplace(key, make_plan(key, dtype)).first;
+  }
   return it->second;
 }
 

@@ -16,16 +16,17 @@ import torch.distributed as dist
 
 
 def broadcast_tensors(tensors: list[torch.Tensor], root: int = 0, group=None) -> None:
-    """Overwrites every tensor with the root's, in place (one broadcast per dtype)."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    """Overwrites every tensor with the root's, in place (one broadcast per device type and
+    dtype: an optimizer's state mixes CPU scalars with GPU tensors)."""
+    by_kind: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
     for tensor in tensors:
-        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+        by_kind.setdefault((tensor.device.type, tensor.dtype), []).append(tensor)
     with torch.no_grad():
-        for same_dtype in by_dtype.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in same_dtype])
+        for same_kind in by_kind.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in same_kind])
             dist.broadcast(flat, src=root, group=group)
             offset = 0
-            for tensor in same_dtype:
+            for tensor in same_kind:
                 tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
 
@@ -76,7 +77,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root: int = 0, g
         return _TensorSlot(tuple(tensor.shape), tensor.dtype, tensor.device)
 
     def from_slot(slot: _TensorSlot) -> torch.Tensor:
-        tensors.append(torch.empty(slot.shape, dtype=slot.dtype, device=slot.device))
+        # The root's GPU tensors land on this rank's own GPU, not on the root's device index.
+        device = slot.device
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        tensors.append(torch.empty(slot.shape, dtype=slot.dtype, device=device))
         return tensors[-1]
 
     is_root = dist.get_rank() == root

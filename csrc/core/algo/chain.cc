@@ -5,27 +5,22 @@
 #include "core/algo/algorithms.h"
 
 namespace weft::algo {
-namespace {
-
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-}  // namespace
 
 Plan chain_broadcast(const PlanContext& ctx, size_t count, int root) {
   Plan plan;
   plan.algorithm = "chain";
   const int n = ctx.size;
   if (n == 1 || count == 0) return plan;
-  const int pos = mod(ctx.rank - root, n);  // distance from the root
+  const int pos = positive_mod(ctx.rank - root, n);  // distance from the root
   Step s;
   s.count = count;
   if (pos == 0) {
     s.local = Span{Buf::Output, 0, count};
   } else {
-    s.recv_peer = mod(ctx.rank - 1, n);
+    s.recv_peer = positive_mod(ctx.rank - 1, n);
     s.dst = Span{Buf::Output, 0, count};
   }
-  if (pos < n - 1) s.send_peer = mod(ctx.rank + 1, n);
+  if (pos < n - 1) s.send_peer = positive_mod(ctx.rank + 1, n);
   plan.steps.push_back(s);
   return plan;
 }
@@ -41,13 +36,13 @@ Plan chain_reduce(const PlanContext& ctx, size_t count, int root, bool in_place,
   plan.algorithm = "chain";
   if (count == 0) return plan;
   // The chain starts right after the root and ends at it.
-  const int pos = mod(ctx.rank - root - 1, n);
+  const int pos = positive_mod(ctx.rank - root - 1, n);
   Step s;
   s.count = count;
   s.local = Span{Buf::Input, 0, count};
-  if (pos > 0) s.recv_peer = mod(ctx.rank - 1, n);
+  if (pos > 0) s.recv_peer = positive_mod(ctx.rank - 1, n);
   if (pos < n - 1) {
-    s.send_peer = mod(ctx.rank + 1, n);
+    s.send_peer = positive_mod(ctx.rank + 1, n);
   } else {
     s.dst = Span{Buf::Output, 0, count};
     s.finalize = finalize;

@@ -5,6 +5,7 @@
 // steps at the same time (that is the pipeline).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -72,6 +73,21 @@ struct PlanContext {
   // Host index of every rank (ranks with equal indices share memory).
   std::vector<int> host;
 };
+
+// a mod n in [0, n), for rank arithmetic around a ring or tree.
+inline int positive_mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Elements per chunk so that one step never pushes more than the budget.
+inline size_t chunk_limit(const PlanContext& ctx) {
+  return std::max<size_t>(1, ctx.max_step_bytes / ctx.elem_size);
+}
+
+// A Fused step of `count` elements; the caller fills in peers and spans.
+inline Step fused_step(size_t count) {
+  Step s;
+  s.count = count;
+  return s;
+}
 
 // A step that copies `from` to `to` locally (same count), or nothing for an
 // empty span.

@@ -19,17 +19,6 @@ Ring Ring::world(const PlanContext& ctx) {
 
 namespace {
 
-// Elements per chunk so that one step never pushes more than the budget.
-size_t chunk_limit(const PlanContext& ctx) {
-  return std::max<size_t>(1, ctx.max_step_bytes / ctx.elem_size);
-}
-
-Step fused(size_t count) {
-  Step s;
-  s.count = count;
-  return s;
-}
-
 // Appends the ring steps for one round: `block(c)` gives the span of chunk c
 // in Input (for reduction) and `out(c)` its span in Output.
 template <typename BlockFn, typename OutFn>
@@ -39,7 +28,7 @@ void reduce_scatter_round(const Ring& ring, BlockFn block, OutFn out, bool then_
   // Step 0: send our copy of chunk r-1 to the next rank.
   Span first = block(ring.wrap(r - 1));
   if (first.count > 0) {
-    Step s = fused(first.count);
+    Step s = fused_step(first.count);
     s.local = first;
     s.send_peer = ring.next();
     steps.push_back(s);
@@ -50,7 +39,7 @@ void reduce_scatter_round(const Ring& ring, BlockFn block, OutFn out, bool then_
     int c = ring.wrap(r - 1 - k);
     Span mine = block(c);
     if (mine.count == 0) continue;
-    Step s = fused(mine.count);
+    Step s = fused_step(mine.count);
     s.recv_peer = ring.prev();
     s.local = mine;
     if (k < n - 1) {
@@ -70,7 +59,7 @@ template <typename OutFn>
 void allgather_round(const Ring& ring, OutFn out, bool already_sent, std::vector<Step>& steps) {
   const int n = ring.size(), r = ring.pos;
   if (!already_sent && out(r).count > 0) {
-    Step s = fused(out(r).count);
+    Step s = fused_step(out(r).count);
     s.local = out(r);
     s.send_peer = ring.next();
     steps.push_back(s);
@@ -78,7 +67,7 @@ void allgather_round(const Ring& ring, OutFn out, bool already_sent, std::vector
   for (int k = 1; k < n; ++k) {
     Span dst = out(ring.wrap(r - k));
     if (dst.count == 0) continue;
-    Step s = fused(dst.count);
+    Step s = fused_step(dst.count);
     s.recv_peer = ring.prev();
     s.dst = dst;
     if (k < n - 1) s.send_peer = ring.next();

@@ -12,8 +12,6 @@
 namespace weft::algo {
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
 // One rank's links in a tree: at most one parent (-1 at the root).
 struct Node {
   int parent = -1;
@@ -23,12 +21,13 @@ struct Node {
 // Binomial tree rooted at `root`. Children are listed from the smallest
 // subtree to the largest.
 Node binomial_node(int rank, int size, int root) {
-  const int v = mod(rank - root, size);
+  const int v = positive_mod(rank - root, size);
   Node node;
   int low = 1;  // lowest set bit of v; above every child distance for the root
   while (low < size && (v & low) == 0) low *= 2;
-  if (v != 0) node.parent = mod(v - low + root, size);
-  for (int k = 1; k < low && v + k < size; k *= 2) node.children.push_back(mod(v + k + root, size));
+  if (v != 0) node.parent = positive_mod(v - low + root, size);
+  for (int k = 1; k < low && v + k < size; k *= 2)
+    node.children.push_back(positive_mod(v + k + root, size));
   return node;
 }
 
@@ -49,17 +48,11 @@ Node double_tree_node(int rank, int size, int t) {
   std::vector<Node> nodes(size);
   inorder_tree(0, size, -1, nodes);
   const int shift = t;
-  Node at = nodes[mod(rank - shift, size)];
+  Node at = nodes[positive_mod(rank - shift, size)];
   Node node;
-  if (at.parent >= 0) node.parent = mod(at.parent + shift, size);
-  for (int c : at.children) node.children.push_back(mod(c + shift, size));
+  if (at.parent >= 0) node.parent = positive_mod(at.parent + shift, size);
+  for (int c : at.children) node.children.push_back(positive_mod(c + shift, size));
   return node;
-}
-
-Step fused(size_t count) {
-  Step s;
-  s.count = count;
-  return s;
 }
 
 // Reduce `in` up the tree: children's data is added to ours, the sum goes to
@@ -69,7 +62,7 @@ void reduce_up(const Node& node, const Span& in, const Span& acc, const Span& ou
                std::vector<Step>& steps) {
   if (in.count == 0) return;
   if (node.children.empty()) {
-    Step s = fused(in.count);
+    Step s = fused_step(in.count);
     s.local = in;
     s.send_peer = node.parent;
     steps.push_back(s);
@@ -77,7 +70,7 @@ void reduce_up(const Node& node, const Span& in, const Span& acc, const Span& ou
   }
   for (size_t i = 0; i < node.children.size(); ++i) {
     const bool last = i + 1 == node.children.size();
-    Step s = fused(in.count);
+    Step s = fused_step(in.count);
     s.recv_peer = node.children[i];
     s.local = i == 0 ? in : acc;
     if (!last) {
@@ -98,7 +91,7 @@ void broadcast_down(const Node& node, const Span& buf, std::vector<Step>& steps)
   if (buf.count == 0) return;
   size_t first_plain = 0;
   if (node.parent >= 0) {
-    Step s = fused(buf.count);
+    Step s = fused_step(buf.count);
     s.recv_peer = node.parent;
     s.dst = buf;
     if (!node.children.empty()) {
@@ -108,7 +101,7 @@ void broadcast_down(const Node& node, const Span& buf, std::vector<Step>& steps)
     steps.push_back(s);
   }
   for (size_t i = first_plain; i < node.children.size(); ++i) {
-    Step s = fused(buf.count);
+    Step s = fused_step(buf.count);
     s.local = buf;
     s.send_peer = node.children[i];
     steps.push_back(s);
@@ -152,7 +145,7 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
   plan.algorithm = "tree";
   const Node trees[2] = {double_tree_node(ctx.rank, ctx.size, 0),
                          double_tree_node(ctx.rank, ctx.size, 1)};
-  const size_t limit = std::max<size_t>(1, ctx.max_step_bytes / ctx.elem_size);
+  const size_t limit = chunk_limit(ctx);
   for (size_t base = 0; base < count; base += 2 * limit) {
     const size_t round = std::min(2 * limit, count - base);
     Span half[2];

@@ -70,14 +70,6 @@ uint16_t float_to_bfloat16(float f) {
 
 namespace {
 
-// Storage tags for the two 16-bit float formats.
-struct Half {
-  uint16_t bits;
-};
-struct BFloat16 {
-  uint16_t bits;
-};
-
 // Loads/stores one element of storage type T (at any address) as its compute
 // type C: T itself, or float for the 16-bit floats.
 template <class T>

@@ -29,14 +29,6 @@ namespace weft::reduce::detail {
 
 namespace {
 
-// Storage tags for the two 16-bit float formats.
-struct Half {
-  uint16_t bits;
-};
-struct BFloat16 {
-  uint16_t bits;
-};
-
 // Lanes<T>: one 32-byte block of T in compute form V, and the operations on
 // it. Float Min/Max follow cpu_reduce.h (NaN if either operand is, -0 below
 // +0) where vminps/vmaxps alone would return b for NaNs and for ties.

@@ -10,6 +10,14 @@
 
 namespace weft::reduce::detail {
 
+// Storage tags for the two 16-bit float formats.
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
 // What a kernel computes per element, once reduce()/divide() have resolved
 // the ReduceOp and the divisor.
 enum class Kind : int {

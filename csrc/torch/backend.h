@@ -1,8 +1,7 @@
 // weft as a torch.distributed backend: a c10d::Backend over one core
 // Communicator per process group. It maps tensors to (pointer, count,
-// element type), runs the core's operation (blocking calls on the caller's
-// thread, asynchronous ones on the communicator's worker) and returns a
-// BackendWork whose future holds the output tensors.
+// element type), runs the core's operation (see OpQueue for which thread)
+// and returns a BackendWork whose future holds the output tensors.
 #pragma once
 
 #include <cstdint>

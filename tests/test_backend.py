@@ -625,6 +625,17 @@ def tags(group, x, out):
     return []
 
 
+def with_negative_tag(group, x, op):
+    """A send, a receive or a receive from any source with tag -1: refused on every rank."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if op == "send":
+        dist.send(x, (rank + 1) % n, group=group, tag=-1)
+    elif op == "recv":
+        dist.recv(x, (rank - 1) % n, group=group, tag=-1)
+    else:
+        dist.recv(x, group=group, tag=-1)
+
+
 def send_next(group, x):
     dist.send(x, (dist.get_rank() + 1) % dist.get_world_size(), group=group)
 
@@ -648,6 +659,12 @@ def case_p2p(ctx):
         any_source,
     )
     t.same("tags", lambda: (values((3,), torch.float32, 1), torch.zeros(3)), tags)
+    for op in ("send", "recv", "recv from any source"):
+        t.same(
+            f"{op} with a negative tag",
+            lambda: (torch.zeros(2),),
+            partial(with_negative_tag, op=op),
+        )
     t.same("send non-contiguous refused", partial(transposed, (3, 2), torch.float32, 1), send_next)
     return t.lines
 

@@ -12,11 +12,17 @@
 namespace weft::backend {
 namespace {
 
-// Tags of the monitored barrier's messages, out of the way of user tags
-// (which would have to be -256..-1 to meet them): the call's number modulo
-// 256 in the low byte, so that a message of a call that timed out is never
-// taken for the next call's.
-constexpr uint32_t kMonitoredBarrierTags = 0xFFFFFF00u;
+// Tags of the monitored barrier's messages: the top bit set, which user tags
+// (nonnegative ints) never have, and the call's number below it, so that a
+// message of a call that timed out is never taken for a later call's.
+constexpr uint32_t kMonitoredBarrierTags = 0x80000000u;
+
+// torch's int tag as the core takes it; negative tags are refused, as gloo
+// refuses them, which keeps the top bit for the library's own messages.
+uint32_t user_tag(int tag) {
+  TORCH_CHECK(tag >= 0, "Tag must be nonnegative");
+  return static_cast<uint32_t>(tag);
+}
 
 // `role` ("input", "output") names the tensor in errors, as gloo does.
 const at::Tensor& single_contiguous(const std::vector<at::Tensor>& tensors, const char* what,
@@ -39,7 +45,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::send(std::vector<at::Tensor>& tensor
   }
   const at::Tensor& t = single_contiguous(tensors, "send", "input");
   return launch(c10d::OpType::SEND, /*async=*/true, {}, {t}, {}, [&](bool a) {
-    return Works{comm_->send(t.data_ptr(), t.nbytes(), dst_rank, static_cast<uint32_t>(tag), a)};
+    return Works{comm_->send(t.data_ptr(), t.nbytes(), dst_rank, user_tag(tag), a)};
   });
 }
 
@@ -52,7 +58,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensor
   }
   const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECV, /*async=*/true, tensors, {t}, {}, [&](bool a) {
-    return Works{comm_->recv(t.data_ptr(), t.nbytes(), src_rank, static_cast<uint32_t>(tag), a)};
+    return Works{comm_->recv(t.data_ptr(), t.nbytes(), src_rank, user_tag(tag), a)};
   });
 }
 
@@ -65,7 +71,7 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::recvAnysource(std::vector<at::Tensor
   }
   const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECVANYSOURCE, /*async=*/true, tensors, {t}, {}, [&](bool a) {
-    return Works{comm_->recv(t.data_ptr(), t.nbytes(), -1, static_cast<uint32_t>(tag), a)};
+    return Works{comm_->recv(t.data_ptr(), t.nbytes(), -1, user_tag(tag), a)};
   });
 }
 
@@ -94,7 +100,7 @@ void WeftBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
       work.wait(-1);
     }
   };
-  const uint32_t tag = kMonitoredBarrierTags | (monitored_barriers_++ & 0xFFu);
+  const uint32_t tag = kMonitoredBarrierTags | (monitored_barriers_++ & ~kMonitoredBarrierTags);
   // A message already moving when a wait gave up lands in these bytes later:
   // they live as long as the communicator.
   char* byte = &monitored_barrier_bytes_[rank_];

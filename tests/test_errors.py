@@ -45,6 +45,7 @@ DTYPE = r"dtype|data ?type|unsupported"
 MISMATCH = r"dtype|data ?type|match"
 TOO_SMALL = r"small|size|count|element|length|short"
 CONTIGUOUS = r"contiguous"
+OVERLAP = r"overlap"
 
 
 def zeros(n, dtype=np.float32):
@@ -59,6 +60,12 @@ def readonly(n):
 
 def strided(n):
     return np.zeros(2 * n, np.float32)[::2]
+
+
+def shifted(call, **kwargs):
+    """``call`` with an out that is its input moved by one element: they overlap."""
+    buf = zeros(9)
+    return call(buf[:8], out=buf[1:], **kwargs)
 
 
 def bad_calls(comm, rank: int, n: int) -> list[tuple]:
@@ -168,6 +175,19 @@ def bad_calls(comm, rank: int, n: int) -> list[tuple]:
             CONTIGUOUS,
         ),
         ("allgather of a strided numpy view", lambda: comm.allgather(strided(8)), CONTIGUOUS),
+        ("allreduce into its input moved by one", lambda: shifted(comm.allreduce), OVERLAP),
+        ("reduce into its input moved by one", lambda: shifted(comm.reduce, root=0), OVERLAP),
+        (
+            "reduce_scatter into buf off the in-place layout",
+            lambda: (b := zeros(4 * n + 1)) is None or comm.reduce_scatter(b[:-1], out=b[1:5]),
+            OVERLAP,
+        ),
+        (
+            "allgather from out off the in-place layout",
+            lambda: (o := zeros(4 * n + 1)) is None or comm.allgather(o[1:5], out=o[:-1]),
+            OVERLAP,
+        ),
+        ("alltoall in place", lambda: (b := zeros(4 * n)) is None or comm.alltoall(b, b), OVERLAP),
         ("allreduce with op='bogus'", lambda: comm.allreduce(zeros(8), op="bogus"), r"bogus|op"),
         ("broadcast with root=size", lambda: comm.broadcast(zeros(8), root=n), r"root|rank"),
         ("reduce with root=size", lambda: comm.reduce(zeros(8), root=n), r"root|rank"),
@@ -205,6 +225,16 @@ def root_only_bad_calls(comm, n: int) -> list[tuple]:
             "scatter buf too small (at root)",
             lambda: comm.scatter(zeros(4), root=0, buf=zeros(4 * n - 1)),
             TOO_SMALL,
+        ),
+        (
+            "gather into out holding buf (at root)",
+            lambda: (o := zeros(4 * n)) is None or comm.gather(o[4:8], root=0, out=o),
+            OVERLAP,
+        ),
+        (
+            "scatter from buf holding out (at root)",
+            lambda: (b := zeros(4 * n)) is None or comm.scatter(b[:4], root=0, buf=b),
+            OVERLAP,
         ),
     ]
 

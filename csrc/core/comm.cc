@@ -34,6 +34,24 @@ char transport_code(TransportChoice choice) {
   return 'a';
 }
 
+// Input and output may share memory only in an operation's in-place form,
+// where it has one (`in_place_form`): the input starts `in_place_at` bytes
+// into the output, or the output that far into the input when
+// `output_inside`. Any other overlap would be read after it is written, so
+// it is refused.
+void check_apart(const char* what, const void* in, size_t in_bytes, const void* out,
+                 size_t out_bytes, bool in_place_form, size_t in_place_at = 0,
+                 bool output_inside = false) {
+  const auto* i = static_cast<const char*>(in);
+  const auto* o = static_cast<const char*>(out);
+  if (in_bytes == 0 || out_bytes == 0 || i + in_bytes <= o || o + out_bytes <= i) return;
+  if (in_place_form && (output_inside ? o == i + in_place_at : i == o + in_place_at)) return;
+  throw InvalidArgument(std::string(what) + ": the input and output buffers overlap" +
+                        (in_place_form ? " but not in the in-place layout" : "") +
+                        "; pass buffers that do not share memory" +
+                        (in_place_form ? " (or the in-place form: see the README)" : ""));
+}
+
 }  // namespace
 
 Communicator::Communicator(Store& store, int rank, int size, const std::string& name,
@@ -342,6 +360,8 @@ void Communicator::check_peer(int peer, const char* what, bool allow_any) const 
 
 std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t count,
                                               DataType dtype, ReduceOp op, bool async) {
+  const size_t bytes = count * element_size(dtype);
+  check_apart("allreduce", in, bytes, out, bytes, true);
   PlanKey key{Collective::Allreduce, count, element_size(dtype), 0, in == out, op == ReduceOp::Avg};
   return submit("allreduce", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
@@ -349,6 +369,8 @@ std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t 
 
 std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, size_t count,
                                                    DataType dtype, ReduceOp op, bool async) {
+  const size_t bytes = count * element_size(dtype);
+  check_apart("reduce_scatter", in, size_ * bytes, out, bytes, true, rank_ * bytes, true);
   PlanKey key{Collective::ReduceScatter, count, element_size(dtype), 0, false, op == ReduceOp::Avg};
   return submit("reduce_scatter", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
@@ -358,6 +380,7 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
                                               DataType dtype, bool async) {
   const size_t elem = element_size(dtype);
   const bool in_place = in == static_cast<const char*>(out) + rank_ * count * elem;
+  check_apart("allgather", in, count * elem, out, size_ * count * elem, true, rank_ * count * elem);
   PlanKey key{Collective::Allgather, count, elem, 0, in_place, false};
   return submit("allgather", in, out, dtype, ReduceOp::Sum, size_ * count * elem, async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
@@ -374,6 +397,8 @@ std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType 
 std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType dtype,
                                            ReduceOp op, int root, bool async) {
   check_root(root, "reduce");
+  const size_t bytes = count * element_size(dtype);
+  check_apart("reduce", in, bytes, out, bytes, true);
   PlanKey key{Collective::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
   return submit("reduce", in, out, dtype, op, count * element_size(dtype), async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
@@ -398,8 +423,11 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
     throw InvalidArgument("alltoall: this rank sends itself " + std::to_string(send_counts[rank_]) +
                           " elements but expects " + std::to_string(recv_counts[rank_]));
   }
-  size_t out_count = 0;
+  size_t in_count = 0, out_count = 0;
+  for (size_t c : send_counts) in_count += c;
   for (size_t c : recv_counts) out_count += c;
+  check_apart("alltoall", in, in_count * element_size(dtype), out, out_count * element_size(dtype),
+              false);
   auto plan = std::make_shared<Plan>(
       algo::pairwise_alltoall(plan_context(dtype), send_counts, recv_counts));
   return submit("alltoall", in, out, dtype, ReduceOp::Sum, out_count * element_size(dtype), async,
@@ -409,6 +437,8 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
 std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType dtype,
                                            int root, bool async) {
   check_root(root, "gather");
+  const size_t bytes = count * element_size(dtype);
+  check_apart("gather", in, bytes, out, rank_ == root ? size_ * bytes : 0, false);
   auto plan = std::make_shared<Plan>(algo::direct_gather(plan_context(dtype), count, root));
   return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * count * element_size(dtype), async,
                 [plan]() -> const Plan& { return *plan; });
@@ -417,6 +447,8 @@ std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t cou
 std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t count, DataType dtype,
                                             int root, bool async) {
   check_root(root, "scatter");
+  const size_t bytes = count * element_size(dtype);
+  check_apart("scatter", in, rank_ == root ? size_ * bytes : 0, out, bytes, false);
   auto plan = std::make_shared<Plan>(algo::direct_scatter(plan_context(dtype), count, root));
   return submit("scatter", in, out, dtype, ReduceOp::Sum, count * element_size(dtype), async,
                 [plan]() -> const Plan& { return *plan; });

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "core/common/error.h"
+#include "core/common/random_word.h"
 
 namespace weft::shm {
 namespace {
@@ -21,10 +21,8 @@ namespace {
 }
 
 std::string random_suffix() {
-  std::random_device device;
-  uint64_t value = (static_cast<uint64_t>(device()) << 32) ^ device();
   char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(random_word()));
   return text;
 }
 

@@ -4,11 +4,11 @@
 
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 
 #include "core/common/deadline.h"
 #include "core/common/error.h"
+#include "core/common/random_word.h"
 #include "core/transport/shm/cma.h"
 
 namespace weft::shm {
@@ -40,11 +40,6 @@ struct Ack {
   uint32_t status;
   uint32_t can_read_you;
 };
-
-uint64_t random_word() {
-  std::random_device device;
-  return (static_cast<uint64_t>(device()) << 32) ^ device() ^ 1;
-}
 
 // Checks the peer's hello and maps its segment into `out`; returns the status
 // and fills `error` when it is not kOk.

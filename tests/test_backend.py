@@ -8,6 +8,7 @@ reports any difference in results or in the exceptions raised. World sizes 2, 3 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from datetime import timedelta
 from functools import partial
@@ -782,6 +783,38 @@ def case_timeout(ctx):
     return outcome
 
 
+def case_abort(ctx):
+    """Rank 0 runs all_reduce on a group where nobody else does, then aborts the group from
+    another thread: the operation fails at once, not after the group's timeout, and so do
+    later operations, on every rank. Returns (problems, seconds from abort to the failure)."""
+    gloo = groups(ctx).gloo
+    group = dist.new_group(backend="weft", timeout=timedelta(seconds=60))
+    dist.all_reduce(torch.ones(1), group=group)
+    problems, elapsed = [], 0.0
+    if ctx.rank == 0:
+        work = dist.all_reduce(torch.ones(1000), group=group, async_op=True)
+        aborted_at = []
+        aborter = threading.Timer(0.3, lambda: (aborted_at.append(time.monotonic()), group.abort()))
+        aborter.start()
+        try:
+            work.wait()
+            problems.append("the all_reduce nobody joined returned")
+        except dist.DistBackendError as exc:
+            elapsed = time.monotonic() - aborted_at[0]
+            if "abort" not in str(exc):
+                problems.append(f"the failure does not say the group was aborted: {exc}")
+        aborter.join()
+    dist.barrier(group=gloo)  # rank 0 has aborted
+    try:
+        dist.all_reduce(torch.ones(1), group=group)
+        problems.append(f"rank {ctx.rank}: an all_reduce after the abort returned")
+    except dist.DistBackendError:
+        pass
+    dist.barrier(group=gloo)
+    dist.destroy_process_group(group)
+    return problems, elapsed
+
+
 def case_p2p_timeouts(ctx):
     """A receive whose message never comes fails after the group's timeout, even while other
     messages keep arriving, and only it fails: it is withdrawn, so the next receive with its
@@ -1010,6 +1043,13 @@ def test_p2p_timeouts(pools, size, transport):
     assert [problems for problems, _ in per_rank] == [[]] * size, per_rank
     elapsed = per_rank[0][1]
     assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S + 3, per_rank
+
+
+@world_params
+def test_abort(pools, size, transport):
+    per_rank = pools.get(size, transport).run(case_abort)
+    assert [problems for problems, _ in per_rank] == [[]] * size, per_rank
+    assert per_rank[0][1] < 5, per_rank
 
 
 @world_params

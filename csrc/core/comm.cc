@@ -127,12 +127,15 @@ void Communicator::connect(Store& store, const std::string& name) {
   };
   // Control sockets carry nothing after setup and are never shut down on
   // purpose, so one that closed means the peer's process is gone.
-  executor_ = std::make_unique<Executor>(raw(collective_conns_), [this] {
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && mesh_->socket(p, kControlSocket).peer_closed()) return p;
-    }
-    return -1;
-  });
+  executor_ = std::make_unique<Executor>(
+      raw(collective_conns_),
+      [this] {
+        for (int p = 0; p < size_; ++p) {
+          if (p != rank_ && mesh_->socket(p, kControlSocket).peer_closed()) return p;
+        }
+        return -1;
+      },
+      [this] { return abort_reason(); });
   p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s_,
                                      [this](const std::string& error) { fail(error); });
   cost_model_ = tuned_cost_model();
@@ -287,13 +290,19 @@ OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& p
                    slice_bytes_, op_signature(seq, name, plan.algorithm, dtype, op, agreed_bytes)};
 }
 
-void Communicator::check_usable() const {
-  if (!aborted_.load(std::memory_order_acquire)) return;
+std::string Communicator::abort_reason() const {
+  if (!aborted_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(abort_mu_);
+  return abort_reason_;
+}
+
+void Communicator::check_usable() const {
+  const std::string why = abort_reason();
+  if (why.empty()) return;
   throw AbortedError(
       "this communicator was aborted by an earlier error and cannot be used "
       "again; create a new one. The error was: " +
-      abort_reason_);
+      why);
 }
 
 void Communicator::fail(const std::string& reason) {

@@ -122,6 +122,8 @@ class Communicator {
   OpContext op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
                        ReduceOp op, size_t out_bytes) const;
   void check_usable() const;
+  // Why this communicator was aborted; empty while it is not.
+  std::string abort_reason() const;
   void fail(const std::string& reason);
 
   const int rank_;

@@ -35,6 +35,8 @@ WeftBackend::~WeftBackend() {
   if (released != nullptr) PyEval_RestoreThread(released);
 }
 
+void WeftBackend::abort() { comm_->abort("ProcessGroup.abort() on rank " + std::to_string(rank_)); }
+
 c10::intrusive_ptr<c10d::Work> WeftBackend::launch(c10d::OpType type, bool async,
                                                    std::vector<at::Tensor> outputs,
                                                    std::vector<at::Tensor> keep_alive,

@@ -28,6 +28,10 @@ class WeftBackend : public c10d::Backend {
   ~WeftBackend() override;
 
   const std::string getBackendName() const override { return "weft"; }
+  // ProcessGroup.abort(): fails the operations in flight and every later one
+  // at once, and the peers' with them. The GPU transports (cuda_ipc, nccl)
+  // are left as they are.
+  void abort() override;
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;

@@ -17,9 +17,11 @@ namespace {
 class Run {
  public:
   Run(const std::vector<Connection*>& connections, const std::function<int()>& departed_peer,
-      const Plan& plan, const OpBuffers& buffers, const OpContext& op)
+      const std::function<std::string()>& abort_reason, const Plan& plan, const OpBuffers& buffers,
+      const OpContext& op)
       : conns_(connections),
         departed_peer_(departed_peer),
+        abort_reason_(abort_reason),
         plan_(plan),
         buffers_(buffers),
         op_(op),
@@ -79,6 +81,7 @@ class Run {
 
   // progress() on every connection this op uses; a failure names the peer.
   void poll() {
+    throw_if_aborted();
     for (int peer : active_) {
       try {
         conns_[peer]->progress();
@@ -110,6 +113,17 @@ class Run {
     throw OutOfStepError(msg.str());
   }
 
+  // The communicator was aborted (its connections are shut down): say so
+  // rather than blame a peer.
+  void throw_if_aborted() const {
+    const std::string why = abort_reason_();
+    if (why.empty()) return;
+    std::ostringstream msg;
+    msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
+        << ": " << why;
+    throw AbortedError(msg.str());
+  }
+
   [[noreturn]] void throw_lost(int peer, const std::string& why) const {
     std::ostringstream msg;
     msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
@@ -121,6 +135,7 @@ class Run {
   // rank died. Control sockets close only when a process is gone, so look
   // there (briefly) for the rank that really went away and name it.
   [[noreturn]] void throw_lost_with_cause(int closed_peer, const std::string& why) {
+    throw_if_aborted();
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
     while (std::chrono::steady_clock::now() < until) {
       int gone = departed_peer_();
@@ -306,6 +321,7 @@ class Run {
 
   const std::vector<Connection*>& conns_;
   const std::function<int()>& departed_peer_;
+  const std::function<std::string()>& abort_reason_;
   const Plan& plan_;
   const OpBuffers& buffers_;
   const OpContext& op_;
@@ -317,11 +333,14 @@ class Run {
 
 }  // namespace
 
-Executor::Executor(std::vector<Connection*> connections, std::function<int()> departed_peer)
-    : connections_(std::move(connections)), departed_peer_(std::move(departed_peer)) {}
+Executor::Executor(std::vector<Connection*> connections, std::function<int()> departed_peer,
+                   std::function<std::string()> abort_reason)
+    : connections_(std::move(connections)),
+      departed_peer_(std::move(departed_peer)),
+      abort_reason_(std::move(abort_reason)) {}
 
 void Executor::run(const Plan& plan, const OpBuffers& buffers, const OpContext& op) {
-  Run(connections_, departed_peer_, plan, buffers, op).execute();
+  Run(connections_, departed_peer_, abort_reason_, plan, buffers, op).execute();
 }
 
 }  // namespace weft

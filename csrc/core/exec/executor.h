@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/algo/plan.h"
@@ -39,7 +40,10 @@ class Executor {
   // connections[p] is the connection to rank p (null for this rank).
   // departed_peer() names a rank whose process is gone, or returns -1: used
   // to blame the right rank when a peer closes because another one died.
-  Executor(std::vector<Connection*> connections, std::function<int()> departed_peer);
+  // abort_reason() says why the communicator was aborted (empty while it is
+  // not): a wait checks it, so that an abort from another thread ends it.
+  Executor(std::vector<Connection*> connections, std::function<int()> departed_peer,
+           std::function<std::string()> abort_reason);
 
   // Throws PeerError/TimeoutError with the operation's context.
   void run(const Plan& plan, const OpBuffers& buffers, const OpContext& op);
@@ -47,6 +51,7 @@ class Executor {
  private:
   std::vector<Connection*> connections_;
   std::function<int()> departed_peer_;
+  std::function<std::string()> abort_reason_;
 };
 
 }  // namespace weft

@@ -765,11 +765,15 @@ def case_subgroups(ctx):
 TIMEOUT_S = 2.0
 
 
-def case_timeout(ctx):
+def case_timeout(ctx, set_later):
     """Rank 0 runs all_reduce on a group where nobody else does: DistBackendError naming the
-    op and a peer, after the group's timeout and not much later."""
+    op and a peer, after the group's timeout and not much later. ``set_later``: the group
+    starts with a minute and gets the timeout from ProcessGroup.set_timeout."""
     groups(ctx)
-    group = dist.new_group(backend="weft", timeout=timedelta(seconds=TIMEOUT_S))
+    timeout = timedelta(seconds=TIMEOUT_S)
+    group = dist.new_group(backend="weft", timeout=timedelta(seconds=60) if set_later else timeout)
+    if set_later:
+        group.set_timeout(timeout)
     outcome = None
     if ctx.rank == 0:
         start = time.monotonic()
@@ -1052,9 +1056,10 @@ def test_abort(pools, size, transport):
     assert per_rank[0][1] < 5, per_rank
 
 
+@pytest.mark.parametrize("set_later", [False, True], ids=["at-creation", "set-later"])
 @world_params
-def test_timeout(pools, size, transport):
-    outcome = pools.get(size, transport).run(case_timeout)[0]
+def test_timeout(pools, size, transport, set_later):
+    outcome = pools.get(size, transport).run(case_timeout, set_later)[0]
     kind, elapsed, message = outcome
     assert kind == "DistBackendError", outcome
     assert "allreduce" in message and "rank" in message, message

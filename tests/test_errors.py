@@ -443,11 +443,14 @@ def test_world_size_mismatch(claimed_sizes):
 # ---- a rank that never comes: timeout -------------------------------------------------------
 
 
-def scenario_absent_peer(rank, size, store, timeout_s):
-    """Rank 1 never calls allreduce; rank 0 must time out, then find the communicator aborted."""
+def scenario_absent_peer(rank, size, store, timeout_s, set_later=False):
+    """Rank 1 never calls allreduce; rank 0 must time out, then find the communicator aborted.
+    ``set_later``: the communicator starts with a longer timeout and is given timeout_s after."""
     import weft
 
-    comm = weft.Communicator(store, rank, size, timeout=timeout_s)
+    comm = weft.Communicator(store, rank, size, timeout=timeout_s * (6 if set_later else 1))
+    if set_later:
+        comm.timeout = timeout_s
     if rank != 0:
         mark("idle")
         time.sleep(4 * timeout_s + 60)  # killed by the parent long before
@@ -457,10 +460,11 @@ def scenario_absent_peer(rank, size, store, timeout_s):
     return {"first": first, "second": second}
 
 
+@pytest.mark.parametrize("set_later", [False, True], ids=["at-creation", "set-later"])
 @pytest.mark.parametrize("transport", ["shm", "tcp-forced"])
-def test_timeout_names_the_operation(transport):
+def test_timeout_names_the_operation(transport, set_later):
     env = {"WEFT_TRANSPORT": transport.removesuffix("-forced")}
-    with Ranks(scenario_absent_peer, 2, SHORT_TIMEOUT_S, env=env) as ranks:
+    with Ranks(scenario_absent_peer, 2, SHORT_TIMEOUT_S, set_later, env=env) as ranks:
         got = ranks.result(0, timeout=SHORT_TIMEOUT_S + SLACK_S + 60)
     first, second = got["first"], got["second"]
     assert first["raised"] == "TimeoutError", f"expected weft.TimeoutError, got {first}"

@@ -73,7 +73,7 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
 Communicator::~Communicator() = default;
 
 void Communicator::connect(Store& store, const std::string& name) {
-  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, kSocketsPerPeer, timeout_s_);
+  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, kSocketsPerPeer, timeout_s());
   const Config& cfg = config();
   collective_conns_.resize(size_);
   p2p_conns_.resize(size_);
@@ -82,7 +82,8 @@ void Communicator::connect(Store& store, const std::string& name) {
   const char mine = transport_code(cfg.transport);
   for (int p = 0; p < size_; ++p) {
     if (p != rank_) {
-      mesh_->socket(p, kControlSocket).send_all(&mine, 1, Deadline(timeout_s_), "transport choice");
+      mesh_->socket(p, kControlSocket)
+          .send_all(&mine, 1, Deadline(timeout_s()), "transport choice");
     }
   }
   agree_on_sizes();
@@ -91,7 +92,7 @@ void Communicator::connect(Store& store, const std::string& name) {
     if (p == rank_) continue;
     Socket& control = mesh_->socket(p, kControlSocket);
     char theirs = 0;
-    control.recv_all(&theirs, 1, Deadline(timeout_s_),
+    control.recv_all(&theirs, 1, Deadline(timeout_s()),
                      "transport choice of rank " + std::to_string(p));
     if (theirs != mine) {
       throw InvalidArgument("ranks " + std::to_string(rank_) + " and " + std::to_string(p) +
@@ -111,7 +112,7 @@ void Communicator::connect(Store& store, const std::string& name) {
       if (use_shm) {
         ShmOptions opts{cfg.shm_slot_bytes, cfg.shm_slots, cfg.shm_cma, cfg.cma_min_bytes};
         conn =
-            make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s_);
+            make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s());
       } else {
         TcpOptions opts{cfg.tcp_slot_bytes, cfg.tcp_slots};
         conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);
@@ -136,7 +137,7 @@ void Communicator::connect(Store& store, const std::string& name) {
         return -1;
       },
       [this] { return abort_reason(); });
-  p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s_,
+  p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s(),
                                      [this](const std::string& error) { fail(error); });
   cost_model_ = tuned_cost_model();
 }
@@ -285,7 +286,7 @@ OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& p
   const size_t agreed_bytes = std::strcmp(name, "alltoall") == 0 ? 0 : out_bytes;
   return OpContext{name,         seq,
                    rank_,        size_,
-                   timeout_s_,   dtype,
+                   timeout_s(),  dtype,
                    op,           streaming,
                    slice_bytes_, op_signature(seq, name, plan.algorithm, dtype, op, agreed_bytes)};
 }
@@ -481,9 +482,18 @@ std::shared_ptr<Work> Communicator::recv(void* buf, size_t bytes, int peer, uint
   return work;
 }
 
+void Communicator::set_timeout(double timeout_s) {
+  if (!(timeout_s > 0)) {
+    throw InvalidArgument("set_timeout: the timeout must be positive (got " +
+                          std::to_string(timeout_s) + " s)");
+  }
+  timeout_s_.store(timeout_s);
+  p2p_->set_timeout(timeout_s);
+}
+
 void Communicator::wait_point_to_point(Work& work) const {
   try {
-    work.wait(timeout_s_);
+    work.wait(timeout_s());
   } catch (const TimeoutError&) {
     // Withdrawn unless its bytes are moving; then the engine's own timeout
     // bounds the rest. wait() rethrows the engine's error.

@@ -43,7 +43,10 @@ class Communicator {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  double timeout_s() const { return timeout_s_; }
+  double timeout_s() const { return timeout_s_.load(); }
+  // The timeout of every later operation and point-to-point wait (torch's
+  // ProcessGroup.set_timeout); an operation already running keeps its own.
+  void set_timeout(double timeout_s);
   // "shm" or "tcp" for each peer, "self" for this rank.
   std::string transport_to(int peer) const;
   // The algorithm an operation of `bytes` per rank runs, and its predicted
@@ -128,7 +131,7 @@ class Communicator {
 
   const int rank_;
   const int size_;
-  const double timeout_s_;
+  std::atomic<double> timeout_s_;
   // Message and step sizes every rank derives alike from the transports in
   // use anywhere in the world, so that all ranks build matching Plans.
   size_t slice_bytes_ = 0;

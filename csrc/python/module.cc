@@ -118,6 +118,7 @@ class PyCommunicator {
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   double timeout() const { return comm_->timeout_s(); }
+  void set_timeout(const py::object& timeout) { comm_->set_timeout(seconds(timeout)); }
   std::string transport_to(int peer) const { return comm_->transport_to(peer); }
   CostModel cost_model() const { return comm_->cost_model(); }
   CostModel measure_cost_model(bool thorough) {
@@ -396,7 +397,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("name") = "default", py::arg("timeout") = py::none(), py::arg("algo") = "")
       .def_property_readonly("rank", &PyCommunicator::rank)
       .def_property_readonly("size", &PyCommunicator::size)
-      .def_property_readonly("timeout", &PyCommunicator::timeout)
+      .def_property("timeout", &PyCommunicator::timeout, &PyCommunicator::set_timeout,
+                    "Seconds (or a timedelta) every later operation may wait for a peer.")
       .def("transport_to", &PyCommunicator::transport_to, py::arg("peer"),
            "The transport used to reach `peer`: 'shm', 'tcp' or 'self'.")
       .def_property_readonly("cost_model", &PyCommunicator::cost_model,

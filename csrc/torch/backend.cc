@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/common/error.h"
 #include "core/common/log.h"
 #include "errors.h"
 #include "op_helpers.h"
@@ -36,6 +37,14 @@ WeftBackend::~WeftBackend() {
 }
 
 void WeftBackend::abort() { comm_->abort("ProcessGroup.abort() on rank " + std::to_string(rank_)); }
+
+void WeftBackend::setTimeout(std::chrono::milliseconds timeout) {
+  try {
+    comm_->set_timeout(std::chrono::duration<double>(timeout).count());
+  } catch (const weft::Error&) {
+    rethrow_as_torch_error(std::current_exception());
+  }
+}
 
 c10::intrusive_ptr<c10d::Work> WeftBackend::launch(c10d::OpType type, bool async,
                                                    std::vector<at::Tensor> outputs,

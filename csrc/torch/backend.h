@@ -4,6 +4,7 @@
 // and returns a BackendWork whose future holds the output tensors.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -32,6 +33,8 @@ class WeftBackend : public c10d::Backend {
   // at once, and the peers' with them. The GPU transports (cuda_ipc, nccl)
   // are left as they are.
   void abort() override;
+  // ProcessGroup.set_timeout(): the timeout of every later operation.
+  void setTimeout(std::chrono::milliseconds timeout) override;
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;

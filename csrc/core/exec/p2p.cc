@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "core/common/error.h"
@@ -305,7 +306,8 @@ void P2pEngine::loop() {
   cpu_placement::mark_worker_thread();
   // A message that stopped moving fails after the timeout; receives that
   // are only waiting for theirs are bounded by their waiters (see p2p.h).
-  Backoff moving(timeout_s_);
+  // Restarted (with the timeout then current) whenever messages move.
+  std::optional<Backoff> moving(std::in_place, timeout_s_.load());
   Backoff waiting(std::numeric_limits<double>::infinity());
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -330,16 +332,16 @@ void P2pEngine::loop() {
     if (!error && !moved && pending()) {
       const bool stalled = in_flight();
       std::string awaited = oldest_pending();
-      if (!stalled) moving.reset();
+      if (!stalled) moving.emplace(timeout_s_.load());
       lock.unlock();
       try {
-        (stalled ? moving : waiting).idle([&] { return awaited; });
+        (stalled ? *moving : waiting).idle([&] { return awaited; });
       } catch (const TimeoutError&) {
         error = std::current_exception();
       }
       lock.lock();
     } else {
-      moving.reset();
+      moving.emplace(timeout_s_.load());
       waiting.reset();
     }
     if (error) {

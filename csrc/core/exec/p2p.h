@@ -15,6 +15,7 @@
 // for it bounds the wait and then withdraws it (Work::request_cancel).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -51,6 +52,9 @@ class P2pEngine {
 
   // Fails every pending and later request with `error`.
   void fail_all(std::exception_ptr error);
+
+  // The timeout for messages that stop moving from now on.
+  void set_timeout(double timeout_s) { timeout_s_.store(timeout_s); }
 
  private:
   struct Header {
@@ -111,7 +115,7 @@ class P2pEngine {
 
   const int rank_;
   const std::vector<Connection*> conns_;
-  const double timeout_s_;
+  std::atomic<double> timeout_s_;
   const std::function<void(const std::string&)> on_error_;
 
   std::mutex mu_;

@@ -1004,6 +1004,70 @@ def case_lifetimes_and_callbacks(ctx):
     return t.lines
 
 
+# ---- sparse allreduce ------------------------------------------------------------------------
+
+
+def sparse_tensor(rank: int, nnz: int, dense_dims: int, dtype) -> torch.Tensor:
+    """A 7x5 COO tensor (with ``dense_dims`` trailing dense dimensions of 2) holding ``nnz``
+    entries at random places, repeats included, so that ranks overlap and it is uncoalesced."""
+    gen = torch.Generator().manual_seed(seed_of(rank, nnz, dense_dims))
+    shape = (7, 5)
+    indices = torch.stack([torch.randint(0, n, (nnz,), generator=gen) for n in shape])
+    entries = values((nnz,) + (2,) * dense_dims, dtype, seed_of(rank, nnz, dense_dims, dtype))
+    return torch.sparse_coo_tensor(indices, entries, shape + (2,) * dense_dims)
+
+
+def sparse_all_reduce(group, t, op=dist.ReduceOp.SUM, async_op=False):
+    wait(dist.all_reduce(t, op=op, group=group, async_op=async_op))
+    return [t.to_dense(), t._indices(), t._values(), torch.tensor(t.is_coalesced())]
+
+
+def sparse_ddp(group, rank):
+    """DDP over a model with a sparse embedding: its gradients are allreduced sparse."""
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(12, 4, sparse=True)
+    model = torch.nn.Sequential(embed, torch.nn.Flatten(), torch.nn.Linear(12, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step * 100 + rank)
+        words, y = torch.randint(0, 12, (5, 3), generator=gen), torch.randn(5, 1, generator=gen)
+        opt.zero_grad()
+        ((ddp(words) - y) ** 2).mean().backward()
+        opt.step()
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.zeros_like(params) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, params, group=group)
+    return everyone
+
+
+def case_sparse(ctx):
+    """allreduce of sparse COO tensors as gloo does it: SUM into the coalesced input."""
+    t = Twins(ctx)
+    r = ctx.rank
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        for dense_dims in (0, 1):
+            for nnz in (0, 1, 13):
+                mine = (nnz + r) if nnz else 0  # every rank its own count; all empty for 0
+                t.same(
+                    f"sparse all_reduce {dtype} dense_dims={dense_dims} nnz={mine}",
+                    lambda d=dtype, k=dense_dims, n=mine: (sparse_tensor(r, n, k, d),),
+                    partial(sparse_all_reduce, async_op=nnz == 13),
+                )
+    t.same(
+        "sparse all_reduce MAX refused",
+        lambda: (sparse_tensor(r, 3, 0, torch.float32),),
+        partial(sparse_all_reduce, op=dist.ReduceOp.MAX),
+    )
+    t.same(
+        "sparse all_reduce of different sizes refused",
+        lambda: (torch.sparse_coo_tensor(torch.zeros(2, 1, dtype=torch.long), [1.0], (4 + r, 5)),),
+        sparse_all_reduce,
+    )
+    t.same("DDP with a sparse embedding", tuple, partial(sparse_ddp, rank=r), approx=True)
+    return t.lines
+
+
 # ---- tests ----------------------------------------------------------------------------------
 
 CASES = {
@@ -1019,6 +1083,7 @@ CASES = {
     "subgroups": case_subgroups,
     "ddp": case_ddp,
     "lifetimes_and_callbacks": case_lifetimes_and_callbacks,
+    "sparse": case_sparse,
 }
 
 

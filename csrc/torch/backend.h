@@ -101,6 +101,10 @@ class WeftBackend : public c10d::Backend {
       c10d::OpType type, bool async, const at::Tensor& contribution,
       std::vector<at::Tensor> outputs, std::function<void(const at::Tensor& gathered)> deliver);
 
+  // allreduce of one sparse COO tensor (SUM only, as gloo).
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse_coo(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts);
+
   // _reduce_scatter_base and reduce_scatter_tensor_coalesced.
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensors(std::vector<at::Tensor>& outputs,
                                                         std::vector<at::Tensor>& inputs,

@@ -15,8 +15,11 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::allreduce(std::vector<at::Tensor>& t
     std::vector<at::Tensor> host = s.twins(tensors, true, true);
     return s.run(rank_, [&] { return allreduce(host, opts); });
   }
-  check_cpu(tensors, "allreduce");
   TORCH_CHECK(!tensors.empty(), "weft allreduce: requires at least one tensor");
+  if (tensors[0].layout() == at::kSparse && tensors[0].is_cpu()) {
+    return allreduce_sparse_coo(tensors, opts);
+  }
+  check_cpu(tensors, "allreduce");
   check_like(tensors, tensors[0], "allreduce");
   const Reduction how = plan_reduction(tensors[0].scalar_type(), opts.reduceOp);
   TORCH_CHECK(tensors.size() == 1 || opts.reduceOp != c10d::ReduceOp::AVG,

@@ -1,9 +1,11 @@
 #include "core/comm.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/algo/algorithms.h"
 #include "core/common/config.h"
@@ -35,21 +37,18 @@ char transport_code(TransportChoice choice) {
 }
 
 // Input and output may share memory only in an operation's in-place form,
-// where it has one (`in_place_form`): the input starts `in_place_at` bytes
-// into the output, or the output that far into the input when
-// `output_inside`. Any other overlap would be read after it is written, so
-// it is refused.
+// for operations that have one: the input `in_place_at` bytes from the
+// output's start (negative: the output lies inside the input). Any other
+// overlap would be read after it is written, so it is refused.
 void check_apart(const char* what, const void* in, size_t in_bytes, const void* out,
-                 size_t out_bytes, bool in_place_form, size_t in_place_at = 0,
-                 bool output_inside = false) {
-  const auto* i = static_cast<const char*>(in);
-  const auto* o = static_cast<const char*>(out);
+                 size_t out_bytes, std::optional<ptrdiff_t> in_place_at) {
+  const auto i = reinterpret_cast<uintptr_t>(in), o = reinterpret_cast<uintptr_t>(out);
   if (in_bytes == 0 || out_bytes == 0 || i + in_bytes <= o || o + out_bytes <= i) return;
-  if (in_place_form && (output_inside ? o == i + in_place_at : i == o + in_place_at)) return;
+  if (in_place_at && static_cast<ptrdiff_t>(i - o) == *in_place_at) return;
   throw InvalidArgument(std::string(what) + ": the input and output buffers overlap" +
-                        (in_place_form ? " but not in the in-place layout" : "") +
+                        (in_place_at ? " but not in the in-place layout" : "") +
                         "; pass buffers that do not share memory" +
-                        (in_place_form ? " (or the in-place form: see the README)" : ""));
+                        (in_place_at ? " (or the in-place form: see the README)" : ""));
 }
 
 }  // namespace
@@ -371,18 +370,19 @@ void Communicator::check_peer(int peer, const char* what, bool allow_any) const 
 std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t count,
                                               DataType dtype, ReduceOp op, bool async) {
   const size_t bytes = count * element_size(dtype);
-  check_apart("allreduce", in, bytes, out, bytes, true);
+  check_apart("allreduce", in, bytes, out, bytes, 0);
   PlanKey key{Collective::Allreduce, count, element_size(dtype), 0, in == out, op == ReduceOp::Avg};
-  return submit("allreduce", in, out, dtype, op, count * element_size(dtype), async,
+  return submit("allreduce", in, out, dtype, op, bytes, async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, size_t count,
                                                    DataType dtype, ReduceOp op, bool async) {
   const size_t bytes = count * element_size(dtype);
-  check_apart("reduce_scatter", in, size_ * bytes, out, bytes, true, rank_ * bytes, true);
+  check_apart("reduce_scatter", in, size_ * bytes, out, bytes,
+              -static_cast<ptrdiff_t>(rank_ * bytes));
   PlanKey key{Collective::ReduceScatter, count, element_size(dtype), 0, false, op == ReduceOp::Avg};
-  return submit("reduce_scatter", in, out, dtype, op, count * element_size(dtype), async,
+  return submit("reduce_scatter", in, out, dtype, op, bytes, async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
 
@@ -390,7 +390,8 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
                                               DataType dtype, bool async) {
   const size_t elem = element_size(dtype);
   const bool in_place = in == static_cast<const char*>(out) + rank_ * count * elem;
-  check_apart("allgather", in, count * elem, out, size_ * count * elem, true, rank_ * count * elem);
+  check_apart("allgather", in, count * elem, out, size_ * count * elem,
+              static_cast<ptrdiff_t>(rank_ * count * elem));
   PlanKey key{Collective::Allgather, count, elem, 0, in_place, false};
   return submit("allgather", in, out, dtype, ReduceOp::Sum, size_ * count * elem, async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
@@ -408,9 +409,9 @@ std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t cou
                                            ReduceOp op, int root, bool async) {
   check_root(root, "reduce");
   const size_t bytes = count * element_size(dtype);
-  check_apart("reduce", in, bytes, out, bytes, true);
+  check_apart("reduce", in, bytes, out, bytes, 0);
   PlanKey key{Collective::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
-  return submit("reduce", in, out, dtype, op, count * element_size(dtype), async,
+  return submit("reduce", in, out, dtype, op, bytes, async,
                 [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
 }
 
@@ -437,7 +438,7 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
   for (size_t c : send_counts) in_count += c;
   for (size_t c : recv_counts) out_count += c;
   check_apart("alltoall", in, in_count * element_size(dtype), out, out_count * element_size(dtype),
-              false);
+              std::nullopt);
   auto plan = std::make_shared<Plan>(
       algo::pairwise_alltoall(plan_context(dtype), send_counts, recv_counts));
   return submit("alltoall", in, out, dtype, ReduceOp::Sum, out_count * element_size(dtype), async,
@@ -448,9 +449,9 @@ std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t cou
                                            int root, bool async) {
   check_root(root, "gather");
   const size_t bytes = count * element_size(dtype);
-  check_apart("gather", in, bytes, out, rank_ == root ? size_ * bytes : 0, false);
+  check_apart("gather", in, bytes, out, rank_ == root ? size_ * bytes : 0, std::nullopt);
   auto plan = std::make_shared<Plan>(algo::direct_gather(plan_context(dtype), count, root));
-  return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * count * element_size(dtype), async,
+  return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * bytes, async,
                 [plan]() -> const Plan& { return *plan; });
 }
 
@@ -458,9 +459,9 @@ std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t co
                                             int root, bool async) {
   check_root(root, "scatter");
   const size_t bytes = count * element_size(dtype);
-  check_apart("scatter", in, rank_ == root ? size_ * bytes : 0, out, bytes, false);
+  check_apart("scatter", in, rank_ == root ? size_ * bytes : 0, out, bytes, std::nullopt);
   auto plan = std::make_shared<Plan>(algo::direct_scatter(plan_context(dtype), count, root));
-  return submit("scatter", in, out, dtype, ReduceOp::Sum, count * element_size(dtype), async,
+  return submit("scatter", in, out, dtype, ReduceOp::Sum, bytes, async,
                 [plan]() -> const Plan& { return *plan; });
 }
 
@@ -469,7 +470,7 @@ std::shared_ptr<Work> Communicator::send(const void* buf, size_t bytes, int peer
   check_peer(peer, "send", false);
   check_usable();
   auto work = p2p_->send(buf, bytes, peer, tag);
-  if (!async) wait_point_to_point(*work);
+  if (!async) work->wait_or_withdraw(timeout_s());
   return work;
 }
 
@@ -478,7 +479,7 @@ std::shared_ptr<Work> Communicator::recv(void* buf, size_t bytes, int peer, uint
   check_peer(peer, "recv", true);
   check_usable();
   auto work = p2p_->recv(buf, bytes, peer, tag);
-  if (!async) wait_point_to_point(*work);
+  if (!async) work->wait_or_withdraw(timeout_s());
   return work;
 }
 
@@ -489,17 +490,6 @@ void Communicator::set_timeout(double timeout_s) {
   }
   timeout_s_.store(timeout_s);
   p2p_->set_timeout(timeout_s);
-}
-
-void Communicator::wait_point_to_point(Work& work) const {
-  try {
-    work.wait(timeout_s());
-  } catch (const TimeoutError&) {
-    // Withdrawn unless its bytes are moving; then the engine's own timeout
-    // bounds the rest. wait() rethrows the engine's error.
-    work.request_cancel();
-    work.wait(-1);
-  }
 }
 
 }  // namespace weft

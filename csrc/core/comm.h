@@ -93,11 +93,8 @@ class Communicator {
   // Point-to-point calls do not wait for earlier collectives: they progress
   // on their own channel. peer < 0 receives from any rank; Work::source()
   // tells which. A blocking call waits up to the timeout, then withdraws
-  // its request (Work::request_cancel) and throws TimeoutError.
+  // its request and throws TimeoutError (Work::wait_or_withdraw).
   std::shared_ptr<Work> recv(void* buf, size_t bytes, int peer, uint32_t tag, bool async);
-  // Waits for a point-to-point Work as a blocking call does (above).
-  void wait_point_to_point(Work& work) const;
-
   // Fails this and every later operation and wakes the peers with an error.
   void abort(const std::string& reason);
 

@@ -90,16 +90,9 @@ void WeftBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
   };
   const std::string in_time =
       " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) + " ms";
-  // Waits until the deadline, then withdraws the request (so that it cannot
-  // take a later barrier's message) and throws the engine's TimeoutError.
-  auto wait_or_withdraw = [&](weft::Work& work) {
-    try {
-      work.wait(seconds_left());
-    } catch (const weft::TimeoutError&) {
-      work.request_cancel();
-      work.wait(-1);
-    }
-  };
+  // A request still waiting at the deadline is withdrawn, so that it cannot
+  // take a later barrier's message.
+  auto wait_or_withdraw = [&](weft::Work& work) { work.wait_or_withdraw(seconds_left()); };
   const uint32_t tag = kMonitoredBarrierTags | (monitored_barriers_++ & ~kMonitoredBarrierTags);
   // A message already moving when a wait gave up lands in these bytes later:
   // they live as long as the communicator.

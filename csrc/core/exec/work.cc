@@ -24,6 +24,15 @@ void Work::wait(double timeout_s) const {
   if (error_) std::rethrow_exception(error_);
 }
 
+void Work::wait_or_withdraw(double timeout_s) {
+  try {
+    wait(timeout_s);
+  } catch (const TimeoutError&) {
+    request_cancel();
+    wait(-1);
+  }
+}
+
 void Work::complete(std::exception_ptr error) {
   std::function<void(std::exception_ptr)> callback;
   {

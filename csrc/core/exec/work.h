@@ -27,6 +27,11 @@ class Work {
   // moving finishes, or fails with its connection.
   void request_cancel() { cancel_requested_ = true; }
   bool cancel_requested() const { return cancel_requested_; }
+  // A point-to-point request's bounded wait: waits up to timeout_s, then
+  // withdraws the request and waits for it to end, rethrowing its error (the
+  // engine's TimeoutError, or the transfer's own outcome when its bytes were
+  // already moving).
+  void wait_or_withdraw(double timeout_s);
 
   void complete(std::exception_ptr error = nullptr);
   // Runs fn(error) once the operation has finished: at once if it already

@@ -62,6 +62,11 @@ def strided(n):
     return np.zeros(2 * n, np.float32)[::2]
 
 
+def with_buffer(n, use):
+    """``use`` of one fresh buffer of ``n`` elements (to pass views of it as input and output)."""
+    return use(zeros(n))
+
+
 def shifted(call, **kwargs):
     """``call`` with an out that is its input moved by one element: they overlap."""
     buf = zeros(9)
@@ -179,15 +184,15 @@ def bad_calls(comm, rank: int, n: int) -> list[tuple]:
         ("reduce into its input moved by one", lambda: shifted(comm.reduce, root=0), OVERLAP),
         (
             "reduce_scatter into buf off the in-place layout",
-            lambda: (b := zeros(4 * n + 1)) is None or comm.reduce_scatter(b[:-1], out=b[1:5]),
+            lambda: with_buffer(4 * n + 1, lambda b: comm.reduce_scatter(b[:-1], out=b[1:5])),
             OVERLAP,
         ),
         (
             "allgather from out off the in-place layout",
-            lambda: (o := zeros(4 * n + 1)) is None or comm.allgather(o[1:5], out=o[:-1]),
+            lambda: with_buffer(4 * n + 1, lambda o: comm.allgather(o[1:5], out=o[:-1])),
             OVERLAP,
         ),
-        ("alltoall in place", lambda: (b := zeros(4 * n)) is None or comm.alltoall(b, b), OVERLAP),
+        ("alltoall in place", lambda: with_buffer(4 * n, lambda b: comm.alltoall(b, b)), OVERLAP),
         ("allreduce with op='bogus'", lambda: comm.allreduce(zeros(8), op="bogus"), r"bogus|op"),
         ("broadcast with root=size", lambda: comm.broadcast(zeros(8), root=n), r"root|rank"),
         ("reduce with root=size", lambda: comm.reduce(zeros(8), root=n), r"root|rank"),
@@ -228,12 +233,12 @@ def root_only_bad_calls(comm, n: int) -> list[tuple]:
         ),
         (
             "gather into out holding buf (at root)",
-            lambda: (o := zeros(4 * n)) is None or comm.gather(o[4:8], root=0, out=o),
+            lambda: with_buffer(4 * n, lambda o: comm.gather(o[4:8], root=0, out=o)),
             OVERLAP,
         ),
         (
             "scatter from buf holding out (at root)",
-            lambda: (b := zeros(4 * n)) is None or comm.scatter(b[:4], root=0, buf=b),
+            lambda: with_buffer(4 * n, lambda b: comm.scatter(b[:4], root=0, buf=b)),
             OVERLAP,
         ),
     ]

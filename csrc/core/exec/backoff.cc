@@ -22,8 +22,8 @@ using std::chrono::microseconds;
 // about a microsecond); then yield, which costs about as much when nothing
 // else wants this CPU and hands it over when a peer shares it; then nap.
 constexpr auto kSpinFor = microseconds(2);
-// Loopback TCP takes longer than this to answer anyway; sleeping in ppoll
-// from then on costs only the wake-up.
+// A wait on sockets that sleeps soon (SocketWait::Sleep) polls them this
+// long first: loopback TCP takes longer than this to answer anyway.
 constexpr auto kSocketSpinFor = microseconds(10);
 constexpr auto kYieldFor = microseconds(1000);
 constexpr auto kNapLongAfter = microseconds(20000);
@@ -46,12 +46,20 @@ void Backoff::pause() {
 }
 
 void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaited> awaited) {
-  if (waited >= kSocketSpinFor && sleep_on_sockets(awaited)) return;
+  pollfd sockets[2];
+  const nfds_t n = awaited_sockets(awaited, sockets);
+  const Clock::duration socket_spin_for =
+      socket_wait_ == SocketWait::Yield ? Clock::duration(kYieldFor) : kSocketSpinFor;
+  if (n > 0 && waited >= socket_spin_for) {
+    sleep_on(sockets, n);
+    return;
+  }
   if (waited < kSpinFor) {
     pause();
     return;
   }
-  if (waited < kYieldFor && !crowded_) {
+  // A crowded wait on sockets still yields (SocketWait::Yield says why).
+  if (waited < kYieldFor && (!crowded_ || n > 0)) {
     phase_ = Phase::Yield;
     const Clock::time_point before = Clock::now();
     sched_yield();
@@ -75,19 +83,20 @@ void Backoff::nap(std::chrono::nanoseconds length) {
   if (precise) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(own_slack), 0, 0, 0);
 }
 
-bool Backoff::sleep_on_sockets(std::initializer_list<Awaited> awaited) {
-  pollfd sockets[2];
+nfds_t Backoff::awaited_sockets(std::initializer_list<Awaited> awaited, pollfd* sockets) {
   nfds_t n = 0;
   for (const Awaited& a : awaited) {
     const int fd = a.connection->readiness_fd();
-    if (fd < 0 || n == 2) return false;  // shared memory: nothing to sleep on
+    if (fd < 0 || n == 2) return 0;  // shared memory: nothing to sleep on
     sockets[n++] = pollfd{fd, static_cast<short>(a.receiving ? POLLIN : POLLOUT), 0};
   }
-  if (n == 0) return false;
+  return n;
+}
+
+void Backoff::sleep_on(pollfd* sockets, nfds_t n) {
   phase_ = Phase::Nap;
   timespec ts{0, 1000000};
   ::ppoll(sockets, n, &ts, nullptr);
-  return true;
 }
 
 void Backoff::throw_timeout(const std::string& what) const {

@@ -4,11 +4,14 @@
 // the CPU to another task (another rank, or the training loop's own compute
 // next to an asynchronous operation), the operation naps instead of yielding:
 // a yield would give that task a whole time slice. When the wait is for
-// sockets, the yields and naps become sleeps in ppoll() on them: the kernel
-// wakes the rank when bytes arrive. The phases are measured in time, not
-// iterations, because the cost of a pause instruction varies tenfold between
-// CPUs. Throws TimeoutError once nothing has progressed for the timeout.
+// sockets, its naps become sleeps in ppoll() on them (the kernel wakes the
+// rank when bytes arrive), and SocketWait says when they start. The phases
+// are measured in time, not iterations, because the cost of a pause
+// instruction varies tenfold between CPUs. Throws TimeoutError once nothing
+// has progressed for the timeout.
 #pragma once
+
+#include <poll.h>
 
 #include <chrono>
 #include <initializer_list>
@@ -23,7 +26,21 @@ class Backoff {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit Backoff(double timeout_s) : timeout_(wait_duration(timeout_s)), timeout_s_(timeout_s) {}
+  // How a wait on sockets passes the time before it sleeps in ppoll on them.
+  enum class SocketWait {
+    // Sleep after a short spin: the wait is for bytes, or the task sharing
+    // the CPU is the process's own compute, which the wake-up preempts where
+    // a yield would wait out its time slice.
+    Sleep,
+    // Yield for as long as a shared-memory wait does, even when crowded: the
+    // wait is for a peer's turn on a CPU. With more ranks than cores, waking
+    // a sleeping rank (an interprocessor interrupt, a VM exit here) costs more
+    // than cycling through the runnable ranks, which yield back at once.
+    Yield,
+  };
+
+  explicit Backoff(double timeout_s, SocketWait socket_wait = SocketWait::Sleep)
+      : timeout_(wait_duration(timeout_s)), timeout_s_(timeout_s), socket_wait_(socket_wait) {}
 
   // Something moved: the next wait starts a fresh spin and a fresh timeout.
   void reset() { rounds_ = 0; }
@@ -69,13 +86,17 @@ class Backoff {
 
   const Clock::duration timeout_;
   const double timeout_s_;
+  const SocketWait socket_wait_;
   unsigned rounds_ = 0;
   Phase phase_ = Phase::Spin;
   // A yield of this operation gave the CPU to another task: its waits nap
   // instead of yielding from then on.
   bool crowded_ = false;
   Clock::time_point start_;
-  bool sleep_on_sockets(std::initializer_list<Awaited> awaited);
+  // The sockets of the awaited connections (at most two), or 0 when one has
+  // none.
+  static nfds_t awaited_sockets(std::initializer_list<Awaited> awaited, pollfd* sockets);
+  void sleep_on(pollfd* sockets, nfds_t n);
 };
 
 }  // namespace weft

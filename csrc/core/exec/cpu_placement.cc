@@ -45,8 +45,10 @@ void note_ranks_on_host(int ranks) {
 
 void mark_worker_thread() { worker_thread = true; }
 
+bool on_worker_thread() { return worker_thread; }
+
 void crowded() {
-  if (worker_thread) return;
+  if (on_worker_thread()) return;
   const int ranks = most_ranks_on_host.load(std::memory_order_relaxed);
   if (ranks < 2 || ranks > allowed_cpus()) return;
   const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -27,5 +27,6 @@ void crowded();
 // own threads (asynchronous operations, point-to-point): there the other task
 // on the CPU is the process's own compute, which moving would not escape.
 void mark_worker_thread();
+bool on_worker_thread();
 
 }  // namespace weft::cpu_placement

@@ -84,7 +84,8 @@ def test_hierarchical_wins_across_slow_host_links():
 
 def test_recursive_doubling_pays_shared_memory_inside_a_host():
     # 2 hosts x 2 ranks numbered host by host: rd's first round pairs ranks of one host (shm),
-    # its second crosses (tcp), one tcp message to hier's two, so small messages take rd.
+    # its second crosses (tcp). hier also sends one tcp message between two hosts (an exchange
+    # for small shards) but takes two shm steps to rd's one, so the smallest messages take rd.
     m = topo.CostModel()
     m.shm = topo.LinkCost(alpha_s=2e-6, beta_s_per_b=1 / 8e9)
     m.tcp = topo.LinkCost(alpha_s=40e-6, beta_s_per_b=1 / 0.125e9)
@@ -97,7 +98,10 @@ def test_recursive_doubling_pays_shared_memory_inside_a_host():
     assert topo.predict("rd", "allreduce", 8, interleaved, m) == pytest.approx(
         2 * m.tcp.alpha_s, rel=0.01
     )
-    assert topo.choose("allreduce", 1024, world, m)[0] == "rd"
+    assert topo.choose("allreduce", 8, world, m)[0] == "rd"
+    assert topo.predict("hier", "allreduce", 8, world, m) == pytest.approx(
+        2 * m.shm.alpha_s + m.tcp.alpha_s, rel=0.01
+    )
     assert topo.choose("allreduce", 64 * MiB, world, m)[0] == "hier"
 
 

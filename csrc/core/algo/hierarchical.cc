@@ -4,7 +4,9 @@
 // its host; shard i is then allreduced among the local ranks i of all hosts
 // (one ring per shard, all running at once, so every rank's inter-host link
 // carries 1/L of the data instead of one leader's link carrying all of it);
-// a ring allgather inside each host spreads the shards back.
+// a ring allgather inside each host spreads the shards back. Between two
+// hosts a small shard crosses in one exchange instead of the ring's two steps.
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -12,6 +14,25 @@
 #include "core/common/error.h"
 
 namespace weft::algo {
+namespace {
+
+// Allreduce of the shard at [offset, offset + count) with the one peer rank
+// holding it on the other host: each side sends its whole shard and reduces
+// the peer's into Scratch, then copies the result back. The link carries the
+// same bytes as the two-member ring, in one step instead of two.
+void exchange_allreduce_steps(int peer, Buf from, size_t offset, size_t count, bool finalize,
+                              Plan& plan) {
+  if (count == 0) return;
+  Step s = exchange_step(peer, Span{from, offset, count}, peer, Span{Buf::Scratch, 0, count});
+  s.operand = Span{from, offset, count};
+  s.finalize = finalize;
+  plan.steps.push_back(s);
+  plan.scratch_count = std::max(plan.scratch_count, count);
+  add_copy(plan.steps, Span{Buf::Scratch, 0, count}, Span{Buf::Output, offset, count});
+  plan.steps.back().wait_sends = true;  // the shard went out by reference
+}
+
+}  // namespace
 
 Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
   if (ctx.size == 1) return local_copy(count, in_place, finalize);
@@ -55,8 +76,12 @@ Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place,
   if (!one_host) {
     const Span& mine = out_shards[local.pos];
     // With one rank per host, our shard is still in Input.
-    ring_allreduce_steps(ctx, across, shards > 1 ? Buf::Output : Buf::Input, mine.offset,
-                         mine.count, finalize, plan.steps);
+    const Buf from = shards > 1 ? Buf::Output : Buf::Input;
+    if (across.size() == 2 && mine.count * ctx.elem_size <= kHierExchangeBytes) {
+      exchange_allreduce_steps(across.next(), from, mine.offset, mine.count, finalize, plan);
+    } else {
+      ring_allreduce_steps(ctx, across, from, mine.offset, mine.count, finalize, plan.steps);
+    }
   }
   if (shards > 1) ring_allgather_steps(ctx, local, out_shards, plan.steps);
   return plan;

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/algo/algorithms.h"
 #include "core/common/error.h"
 
 namespace weft {
@@ -197,9 +198,10 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           // Both local phases over shared memory, the shards' rings over the
           // host's link, which all L of them share.
           const double local = 2 * (L - 1) * msg(model.shm, S / L) + (L - 1) / L * S * g;
-          const double across = 2 * (H - 1) * model.tcp.alpha_s +
+          const bool one_exchange = H == 2 && S / L <= algo::kHierExchangeBytes;
+          const double across = (one_exchange ? 1 : 2 * (H - 1)) * model.tcp.alpha_s +
                                 2 * (H - 1) / H * S * model.tcp.beta_s_per_b +
-                                (H - 1) / H * S / L * g;
+                                (one_exchange ? 1 : (H - 1) / H) * S / L * g;
           return local + across;
         }
         default: break;

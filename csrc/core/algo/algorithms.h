@@ -72,9 +72,11 @@ Plan doubling_allgather(const PlanContext& ctx, size_t count, bool in_place);
 // Reduce-scatter among the ranks of each host, allreduce of each shard among
 // the ranks holding it on every host, allgather inside each host. Needs the
 // same number of ranks on every host (throws InvalidArgument otherwise).
-// Between two hosts, shards up to kHierExchangeBytes cross in one exchange
-// (latency-bound there) rather than a ring's two steps.
-inline constexpr size_t kHierExchangeBytes = 256 << 10;
+// Between two hosts, shards up to 256 KiB cross in one exchange (latency-bound
+// there) rather than a ring's two steps; the cost model prices the same.
+inline bool hier_shard_crosses_in_one_exchange(int hosts, double shard_bytes) {
+  return hosts == 2 && shard_bytes <= 256 << 10;
+}
 Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 
 // Every rank sends its whole Input to every peer and reduces locally in rank

@@ -77,7 +77,8 @@ Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place,
     const Span& mine = out_shards[local.pos];
     // With one rank per host, our shard is still in Input.
     const Buf from = shards > 1 ? Buf::Output : Buf::Input;
-    if (across.size() == 2 && mine.count * ctx.elem_size <= kHierExchangeBytes) {
+    if (hier_shard_crosses_in_one_exchange(across.size(),
+                                           static_cast<double>(mine.count * ctx.elem_size))) {
       exchange_allreduce_steps(across.next(), from, mine.offset, mine.count, finalize, plan);
     } else {
       ring_allreduce_steps(ctx, across, from, mine.offset, mine.count, finalize, plan.steps);

@@ -198,7 +198,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           // Both local phases over shared memory, the shards' rings over the
           // host's link, which all L of them share.
           const double local = 2 * (L - 1) * msg(model.shm, S / L) + (L - 1) / L * S * g;
-          const bool one_exchange = H == 2 && S / L <= algo::kHierExchangeBytes;
+          const bool one_exchange = algo::hier_shard_crosses_in_one_exchange(topo.hosts, S / L);
           const double across = (one_exchange ? 1 : 2 * (H - 1)) * model.tcp.alpha_s +
                                 2 * (H - 1) / H * S * model.tcp.beta_s_per_b +
                                 (one_exchange ? 1 : (H - 1) / H) * S / L * g;

@@ -5,7 +5,9 @@
 
 Every system trains the same model (an MLP 1024-4096-4096-1024, 25.2M float32 parameters) with
 weft.DistributedDataParallel (torch's DDP: default 25 MB buckets, reduced while backward runs)
-and SGD, on the same fixed batch. Systems: gloo, weft, and weft with bf16 gradient compression.
+and SGD, on the same fixed batch. Systems: gloo, weft, weft with bf16 gradient compression, and
+no-comm: DDP with a comm hook that leaves each bucket as it is, the floor any backend's step
+could reach (DDP's own bucket copies, no communication, no waiting for the other rank).
 
 Method. Each rank runs one torch thread (2 ranks on this 2-core machine). In each launch every
 system has its own model on its own process group (weft's is the default group, gloo's a
@@ -38,7 +40,20 @@ import weft.local
 RESULTS = Path(__file__).resolve().parent / "results"
 WORLD_SIZE = 2
 # name -> (process group backend, weft.DistributedDataParallel compression)
-SYSTEMS = {"gloo": ("gloo", None), "weft": ("weft", None), "weft-bf16": ("weft", "bf16")}
+SYSTEMS = {
+    "gloo": ("gloo", None),
+    "weft": ("weft", None),
+    "weft-bf16": ("weft", "bf16"),
+    "no-comm": ("weft", None),
+}
+
+
+def keep_bucket_hook(_, bucket):
+    """A comm hook that communicates nothing: the bucket stays this rank's own. (No annotations:
+    DDP checks them, and this file's are strings.)"""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def make_model(width: int) -> torch.nn.Module:
@@ -67,9 +82,12 @@ class System:
         _, compression = SYSTEMS[name]
         torch.manual_seed(0)
         self.group = group
+        self.communicates = name != "no-comm"
         self.model = weft.DistributedDataParallel(
             make_model(opts["width"]), process_group=group, compression=compression
         )
+        if name == "no-comm":
+            self.model.register_comm_hook(None, keep_bucket_hook)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-4)
         self.grads = torch.zeros(sum(p.numel() for p in self.model.parameters()))
 
@@ -86,12 +104,14 @@ class System:
             with self.model.no_sync():
                 self.step(x, y)
 
-        return {
+        figures = {
             "step_s": mean_seconds(lambda: self.step(x, y), steps),
             "compute_s": mean_seconds(compute_only, steps),
-            "allreduce_s": mean_seconds(self.allreduce_all_gradients, steps),
             "parameters": self.grads.numel(),
         }
+        if self.communicates:
+            figures["allreduce_s"] = mean_seconds(self.allreduce_all_gradients, steps)
+        return figures
 
 
 def time_rank(rank: int, size: int, store, opts: dict, launch: int) -> dict:
@@ -166,7 +186,7 @@ def markdown(report: dict) -> str:
     for name, m in medians.items():
         lines.append(
             f"| {name} | {m['step_s'] * 1e3:.1f} | {m['compute_s'] * 1e3:.1f} | "
-            f"{m['allreduce_s'] * 1e3:.1f} | "
+            + (f"{m['allreduce_s'] * 1e3:.1f} | " if "allreduce_s" in m else "- | ")
             + (f"{m['step_s'] / gloo_step:.2f} |" if gloo_step else "- |")
         )
     return "\n".join(lines) + "\n"

@@ -6,6 +6,12 @@
 // carries 1/L of the data instead of one leader's link carrying all of it);
 // a ring allgather inside each host spreads the shards back. Between two
 // hosts a small shard crosses in one exchange instead of the ring's two steps.
+//
+// A large buffer goes through in pieces, one round of the shards' rings each,
+// and the host phases of the neighbouring pieces run inside the link phase of
+// the current one: the reduce-scatter of piece p+1 once piece p's first send
+// has left, the allgather of piece p-1 once piece p's reduced shard has. The
+// link, the slow part, then never waits for shared memory.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -19,28 +25,32 @@ namespace {
 // Allreduce of the shard at [offset, offset + count) with the one peer rank
 // holding it on the other host: each side sends its whole shard and reduces
 // the peer's into Scratch, then copies the result back. The link carries the
-// same bytes as the two-member ring, in one step instead of two.
-void exchange_allreduce_steps(int peer, Buf from, size_t offset, size_t count, bool finalize,
-                              Plan& plan) {
-  if (count == 0) return;
+// same bytes as the two-member ring, in one step instead of two. Returns the
+// Scratch elements it uses.
+size_t exchange_allreduce_steps(int peer, Buf from, size_t offset, size_t count, bool finalize,
+                                std::vector<Step>& steps) {
+  if (count == 0) return 0;
   Step s = exchange_step(peer, Span{from, offset, count}, peer, Span{Buf::Scratch, 0, count});
   s.operand = Span{from, offset, count};
   s.finalize = finalize;
-  plan.steps.push_back(s);
-  plan.scratch_count = std::max(plan.scratch_count, count);
-  add_copy(plan.steps, Span{Buf::Scratch, 0, count}, Span{Buf::Output, offset, count});
-  plan.steps.back().wait_sends = true;  // the shard went out by reference
+  steps.push_back(s);
+  add_copy(steps, Span{Buf::Scratch, 0, count}, Span{Buf::Output, offset, count});
+  steps.back().wait_sends = true;  // the shard went out by reference
+  return count;
 }
 
-}  // namespace
+// Where a rank sits among the hosts: the ring of its host's ranks, and the
+// ring of the ranks holding its shard on every host.
+struct Layout {
+  Ring local, across;
+};
 
-Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
-  if (ctx.size == 1) return local_copy(count, in_place, finalize);
+Layout layout_of(const PlanContext& ctx) {
   // Ranks of each host, hosts in order of their index.
   std::map<int, std::vector<int>> by_host;
   for (int r = 0; r < ctx.size; ++r) by_host[ctx.host.at(r)].push_back(r);
   const size_t local_size = by_host.begin()->second.size();
-  Ring local, across;
+  Layout at;
   int host_pos = 0;
   for (const auto& [host, ranks] : by_host) {
     if (ranks.size() != local_size) {
@@ -50,41 +60,101 @@ Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place,
           "); pick another WEFT_ALGO");
     }
     if (host == ctx.host[ctx.rank]) {
-      local.members = ranks;
-      across.pos = host_pos;
+      at.local.members = ranks;
+      at.across.pos = host_pos;
     }
     ++host_pos;
   }
-  for (int i = 0; i < local.size(); ++i) {
-    if (local.members[i] == ctx.rank) local.pos = i;
+  for (int i = 0; i < at.local.size(); ++i) {
+    if (at.local.members[i] == ctx.rank) at.local.pos = i;
   }
-  for (const auto& entry : by_host) across.members.push_back(entry.second[local.pos]);
+  for (const auto& entry : by_host) at.across.members.push_back(entry.second[at.local.pos]);
+  return at;
+}
 
-  Plan plan;
-  plan.algorithm = "hier";
-  const int shards = local.size();
+// The steps of one piece of the buffer, [offset, offset + count), by phase.
+struct PieceSteps {
+  std::vector<Step> host_reduce_scatter, across, host_allgather;
+};
+
+PieceSteps piece_steps(const PlanContext& ctx, const Layout& at, size_t offset, size_t count,
+                       bool finalize, Plan& plan) {
+  PieceSteps out;
+  const int shards = at.local.size();
   std::vector<Span> in_shards, out_shards;
   for (int i = 0; i < shards; ++i) {
-    const size_t at = part_offset(count, shards, i), len = part_count(count, shards, i);
-    in_shards.push_back(Span{Buf::Input, at, len});
-    out_shards.push_back(Span{Buf::Output, at, len});
+    const size_t from = offset + part_offset(count, shards, i), len = part_count(count, shards, i);
+    in_shards.push_back(Span{Buf::Input, from, len});
+    out_shards.push_back(Span{Buf::Output, from, len});
   }
-  const bool one_host = across.size() == 1;
+  const bool one_host = at.across.size() == 1;
   if (shards > 1) {
-    ring_reduce_scatter_steps(ctx, local, in_shards, out_shards, finalize && one_host, plan.steps);
+    ring_reduce_scatter_steps(ctx, at.local, in_shards, out_shards, finalize && one_host,
+                              out.host_reduce_scatter);
   }
   if (!one_host) {
-    const Span& mine = out_shards[local.pos];
+    const Span& mine = out_shards[at.local.pos];
     // With one rank per host, our shard is still in Input.
     const Buf from = shards > 1 ? Buf::Output : Buf::Input;
-    if (hier_shard_crosses_in_one_exchange(across.size(),
+    if (hier_shard_crosses_in_one_exchange(at.across.size(),
                                            static_cast<double>(mine.count * ctx.elem_size))) {
-      exchange_allreduce_steps(across.next(), from, mine.offset, mine.count, finalize, plan);
+      const size_t scratch = exchange_allreduce_steps(at.across.next(), from, mine.offset,
+                                                      mine.count, finalize, out.across);
+      plan.scratch_count = std::max(plan.scratch_count, scratch);
     } else {
-      ring_allreduce_steps(ctx, across, from, mine.offset, mine.count, finalize, plan.steps);
+      ring_allreduce_steps(ctx, at.across, from, mine.offset, mine.count, finalize, out.across);
     }
   }
-  if (shards > 1) ring_allgather_steps(ctx, local, out_shards, plan.steps);
+  if (shards > 1) ring_allgather_steps(ctx, at.local, out_shards, out.host_allgather);
+  return out;
+}
+
+void append(std::vector<Step>& to, const std::vector<Step>& steps) {
+  to.insert(to.end(), steps.begin(), steps.end());
+}
+
+// How many pieces the buffer goes through in: one round of a shard's ring
+// each, or 1 (one host, one rank per host, or a buffer of one round).
+size_t pieces_of(const PlanContext& ctx, size_t count) {
+  std::map<int, int> ranks_on;
+  for (int r = 0; r < ctx.size; ++r) ++ranks_on[ctx.host.at(r)];
+  const size_t hosts = ranks_on.size(), local = ranks_on.begin()->second;
+  if (hosts < 2 || local < 2) return 1;
+  // One round of a shard's ring per piece.
+  const size_t piece = local * hosts * chunk_limit(ctx);
+  const size_t pieces = (count + piece - 1) / piece;
+  // Every part of every piece holds at least one element, so that every rank
+  // has the same steps and interleaves them alike.
+  return pieces >= 2 && count / pieces >= local * hosts ? pieces : 1;
+}
+
+}  // namespace
+
+Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
+  if (ctx.size == 1) return local_copy(count, in_place, finalize);
+  const Layout at = layout_of(ctx);
+  Plan plan;
+  plan.algorithm = "hier";
+  const size_t pieces = pieces_of(ctx, count);
+  std::vector<PieceSteps> steps;
+  for (size_t p = 0; p < pieces; ++p) {
+    steps.push_back(piece_steps(ctx, at, part_offset(count, pieces, p),
+                                part_count(count, pieces, p), finalize, plan));
+  }
+  append(plan.steps, steps[0].host_reduce_scatter);
+  for (size_t p = 0; p < pieces; ++p) {
+    // The first step of `across` sends; after the ring's reduce-scatter half
+    // (one step per member) this rank's reduced part has been sent. (With
+    // several pieces there are several hosts, so `across` has those steps.)
+    const std::vector<Step>& across = steps[p].across;
+    const size_t reduced_sent = std::min<size_t>(at.across.size(), across.size());
+    for (size_t i = 0; i < across.size(); ++i) {
+      plan.steps.push_back(across[i]);
+      if (i == 0 && p + 1 < pieces) append(plan.steps, steps[p + 1].host_reduce_scatter);
+      if (i + 1 == reduced_sent && p > 0) append(plan.steps, steps[p - 1].host_allgather);
+    }
+  }
+  append(plan.steps, steps[pieces - 1].host_allgather);
   return plan;
 }
 

@@ -206,6 +206,19 @@ def test_hierarchical_allreduce():
         run("allreduce", "hier", 2 * per_host, 97, 8, "avg", True, hosts=hosts)
 
 
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_hierarchical_allreduce_in_pieces(hosts):
+    """Counts the CPU executor's hier plans cut into pieces (64 elements per 256-byte step),
+    interleaving the host phases of neighbouring pieces with the link phase of the current one.
+    Sends that wait for their receives would deadlock on that (this replay found it with three
+    hosts), so plans for them keep hier in one piece; they must still come out right."""
+    for per_host in (2, 3):
+        layout = [r // per_host for r in range(hosts * per_host)]
+        size = len(layout)
+        run("allreduce", "hier", size, 2053, 4, "sum", False, hosts=layout)
+        run("allreduce", "hier", size, 1031, 8, "avg", True, hosts=layout)
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "rhd"])
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
 def test_reduce_scatter(algorithm, size):

@@ -246,17 +246,19 @@ std::string Communicator::transport_to(int peer) const {
 Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bool in_place,
                         bool finalize, size_t max_step_bytes) const {
   return make_plan(PlanKey{c, count, element_size(dtype), root, in_place, finalize}, dtype,
-                   max_step_bytes);
+                   max_step_bytes, false);
 }
 
 PlanContext Communicator::plan_context(DataType dtype) const {
   return PlanContext{rank_, size_, element_size(dtype), step_limit_bytes_, host_of_rank_};
 }
 
-Plan Communicator::make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes) const {
+Plan Communicator::make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes,
+                             bool buffered_sends) const {
   const auto [c, count, elem_size, root, in_place, finalize] = key;
   PlanContext ctx = plan_context(dtype);
   if (max_step_bytes > 0) ctx.max_step_bytes = max_step_bytes;
+  ctx.buffered_sends = buffered_sends;
   if (c == Collective::Barrier) return algo::barrier(ctx);
   const Choice choice = this->choice(c, count * elem_size);
   WEFT_LOG(Info, rank_,

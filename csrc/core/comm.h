@@ -54,10 +54,11 @@ class Communicator {
   Choice choice(Collective c, size_t bytes) const;
   const Topology& topology() const { return topology_; }
   // This rank's Plan of `c` over `count` elements of `dtype`, in the family
-  // the tuner (or WEFT_ALGO) picks, for executors of Plans elsewhere (the
-  // nccl transport). max_step_bytes bounds a step (PlanContext; 0: what this
-  // communicator's connections allow, i.e. the Plan its own executor runs).
-  // Not cached; safe from any thread.
+  // the tuner (or WEFT_ALGO) picks, for executors of Plans elsewhere whose
+  // sends wait for the peer's receive (the nccl transport's group schedules;
+  // PlanContext::buffered_sends). max_step_bytes bounds a step (PlanContext;
+  // 0: what this communicator's connections allow). Not cached; safe from
+  // any thread.
   Plan plan(Collective c, size_t count, DataType dtype, int root, bool in_place, bool finalize,
             size_t max_step_bytes = 0) const;
   const CostModel& cost_model() const { return cost_model_; }
@@ -109,7 +110,8 @@ class Communicator {
   CostModel probe(const ProbeEffort& effort, uint64_t seq);
   PlanContext plan_context(DataType dtype) const;
   const Plan& cached_plan(const PlanKey& key, DataType dtype);
-  Plan make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes = 0) const;
+  Plan make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes = 0,
+                 bool buffered_sends = true) const;
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what, bool allow_any) const;
 

@@ -37,7 +37,7 @@ void bind_schedule(py::module_& m) {
          std::optional<size_t> input_in_output, size_t max_step_bytes, std::vector<int> hosts,
          int max_inputs) {
         if (hosts.empty()) hosts.assign(size, 0);
-        const PlanContext ctx{rank, size, elem_size, max_step_bytes, hosts};
+        const PlanContext ctx{rank, size, elem_size, max_step_bytes, hosts, false};
         const Plan plan = algo::plan_for(parse_collective(collective), parse_algorithm(algorithm),
                                          ctx, count, root, in_place, finalize);
         const group::Schedule s = group::schedule(plan, elem_size, input_in_output, max_inputs);

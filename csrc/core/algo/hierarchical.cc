@@ -114,12 +114,14 @@ void append(std::vector<Step>& to, const std::vector<Step>& steps) {
 }
 
 // How many pieces the buffer goes through in: one round of a shard's ring
-// each, or 1 (one host, one rank per host, or a buffer of one round).
+// each, or 1 (one host, one rank per host, a buffer of one round, or sends
+// that wait for their receives, where a piece's first send could not wait
+// past the next piece's host phase for the receive it pairs with).
 size_t pieces_of(const PlanContext& ctx, size_t count) {
   std::map<int, int> ranks_on;
   for (int r = 0; r < ctx.size; ++r) ++ranks_on[ctx.host.at(r)];
   const size_t hosts = ranks_on.size(), local = ranks_on.begin()->second;
-  if (hosts < 2 || local < 2) return 1;
+  if (!ctx.buffered_sends || hosts < 2 || local < 2) return 1;
   // One round of a shard's ring per piece.
   const size_t piece = local * hosts * chunk_limit(ctx);
   const size_t pieces = (count + piece - 1) / piece;

@@ -72,6 +72,12 @@ struct PlanContext {
   size_t max_step_bytes;
   // Host index of every rank (ranks with equal indices share memory).
   std::vector<int> host;
+  // Whether a send completes before the peer receives it, as through the CPU
+  // executor's buffered connections. Schedules of rendezvous sends (the nccl
+  // transport's group schedules) plan with false: there a rank must not wait
+  // on one peer while its send to another is still unmatched, so plans keep
+  // each phase's sends next to the receives they pair with.
+  bool buffered_sends = true;
 };
 
 // a mod n in [0, n), for rank arithmetic around a ring or tree.

@@ -117,10 +117,8 @@ void append(std::vector<Step>& to, const std::vector<Step>& steps) {
 // each, or 1 (one host, one rank per host, a buffer of one round, or sends
 // that wait for their receives, where a piece's first send could not wait
 // past the next piece's host phase for the receive it pairs with).
-size_t pieces_of(const PlanContext& ctx, size_t count) {
-  std::map<int, int> ranks_on;
-  for (int r = 0; r < ctx.size; ++r) ++ranks_on[ctx.host.at(r)];
-  const size_t hosts = ranks_on.size(), local = ranks_on.begin()->second;
+size_t pieces_of(const PlanContext& ctx, const Layout& at, size_t count) {
+  const size_t hosts = at.across.size(), local = at.local.size();
   if (!ctx.buffered_sends || hosts < 2 || local < 2) return 1;
   // One round of a shard's ring per piece.
   const size_t piece = local * hosts * chunk_limit(ctx);
@@ -137,7 +135,7 @@ Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place,
   const Layout at = layout_of(ctx);
   Plan plan;
   plan.algorithm = "hier";
-  const size_t pieces = pieces_of(ctx, count);
+  const size_t pieces = pieces_of(ctx, at, count);
   std::vector<PieceSteps> steps;
   for (size_t p = 0; p < pieces; ++p) {
     steps.push_back(piece_steps(ctx, at, part_offset(count, pieces, p),

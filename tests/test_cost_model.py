@@ -120,3 +120,22 @@ def test_unknown_names_are_refused_with_the_choices():
         topo.predict("butterfly", "allreduce", 8, flat(4))
     with pytest.raises(ValueError, match="use allreduce, reduce_scatter"):
         topo.choose("allsum", 8, flat(4))
+
+
+def test_hier_in_pieces_prices_its_host_phases_beside_the_link():
+    # A buffer of many rounds goes through hier in pieces, its shared-memory phases running
+    # while the link carries the neighbouring pieces: cheaper than the phases one after another.
+    # A buffer of one round is one piece, priced the same either way.
+    m = topo.CostModel()
+    m.shm = topo.LinkCost(alpha_s=2e-6, beta_s_per_b=1 / 8e9)
+    m.tcp = topo.LinkCost(alpha_s=20e-6, beta_s_per_b=1 / 10e9)
+    pieces = topo.Topology(size=8, hosts=2, ranks_per_host=4)
+    one_piece = topo.Topology(size=8, hosts=2, ranks_per_host=4, step_bytes=1 << 40)
+    assert pieces.step_bytes == 512 << 10
+    whole = topo.predict("hier", "allreduce", 256 * MiB, one_piece, m)
+    piecewise = topo.predict("hier", "allreduce", 256 * MiB, pieces, m)
+    assert piecewise < 0.8 * whole
+    small = 1 * MiB  # less than one round: 2 hosts x 4 ranks x 512 KiB
+    assert topo.predict("hier", "allreduce", small, pieces, m) == topo.predict(
+        "hier", "allreduce", small, one_piece, m
+    )

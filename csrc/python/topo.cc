@@ -33,24 +33,35 @@ void bind_topo(py::module_& parent) {
       .def("__str__", &format_cost_model);
 
   py::class_<Topology>(m, "Topology", "The shape of a world.")
-      .def(py::init([](int size, int hosts, int ranks_per_host, bool any_tcp, bool ranks_by_host) {
+      .def(py::init([](int size, int hosts, int ranks_per_host, bool any_tcp, bool ranks_by_host,
+                       size_t step_bytes) {
              if (size < 1 || hosts < 1 || hosts > size) {
                throw InvalidArgument("Topology needs 1 <= hosts <= size");
              }
              // By default, ranks spread evenly when they can be.
              if (ranks_per_host < 0) ranks_per_host = size % hosts == 0 ? size / hosts : 0;
-             return Topology{size, hosts, ranks_per_host, any_tcp || hosts > 1, ranks_by_host};
+             Topology topology;
+             topology.size = size;
+             topology.hosts = hosts;
+             topology.ranks_per_host = ranks_per_host;
+             topology.any_tcp = any_tcp || hosts > 1;
+             topology.ranks_by_host = ranks_by_host;
+             topology.step_bytes = step_bytes;
+             return topology;
            }),
            py::arg("size"), py::arg("hosts") = 1, py::arg("ranks_per_host") = -1,
            py::arg("any_tcp") = false, py::arg("ranks_by_host") = true,
+           py::arg("step_bytes") = Topology{}.step_bytes,
            "ranks_per_host=-1: size/hosts when that divides evenly, else 0 (uneven); several "
            "hosts imply tcp. ranks_by_host: rank r is on host r // ranks_per_host, as "
-           "launchers number them.")
+           "launchers number them. step_bytes: a Plan step's budget, which sets the size of "
+           "hier's pieces.")
       .def_readwrite("size", &Topology::size)
       .def_readwrite("hosts", &Topology::hosts)
       .def_readwrite("ranks_per_host", &Topology::ranks_per_host)
       .def_readwrite("any_tcp", &Topology::any_tcp)
-      .def_readwrite("ranks_by_host", &Topology::ranks_by_host);
+      .def_readwrite("ranks_by_host", &Topology::ranks_by_host)
+      .def_readwrite("step_bytes", &Topology::step_bytes);
 
   m.def(
       "algorithms_for",

@@ -12,6 +12,7 @@
 // means the op is Avg and the last reduction divides.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "core/algo/plan.h"
@@ -78,6 +79,16 @@ inline bool hier_shard_crosses_in_one_exchange(int hosts, double shard_bytes) {
   return hosts == 2 && shard_bytes <= 256 << 10;
 }
 Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
+// hier goes through `count` elements in pieces of one round of the shards'
+// rings (hosts x local steps of `step` elements), overlapping the host phases
+// of neighbouring pieces with the link phase of the current one; 1 when the
+// buffer is a single round, or pieces would leave some rank's part empty.
+inline size_t hier_pieces(size_t hosts, size_t local, size_t step, size_t count) {
+  if (hosts < 2 || local < 2) return 1;
+  const size_t piece = local * hosts * std::max<size_t>(1, step);
+  const size_t pieces = (count + piece - 1) / piece;
+  return pieces >= 2 && count / pieces >= local * hosts ? pieces : 1;
+}
 
 // Every rank sends its whole Input to every peer and reduces locally in rank
 // order, so every rank computes bit-identical results. Uses Scratch.

@@ -113,19 +113,12 @@ void append(std::vector<Step>& to, const std::vector<Step>& steps) {
   to.insert(to.end(), steps.begin(), steps.end());
 }
 
-// How many pieces the buffer goes through in: one round of a shard's ring
-// each, or 1 (one host, one rank per host, a buffer of one round, or sends
+// How many pieces the buffer goes through in (hier_pieces), or 1 for sends
 // that wait for their receives, where a piece's first send could not wait
-// past the next piece's host phase for the receive it pairs with).
+// past the next piece's host phase for the receive it pairs with.
 size_t pieces_of(const PlanContext& ctx, const Layout& at, size_t count) {
-  const size_t hosts = at.across.size(), local = at.local.size();
-  if (!ctx.buffered_sends || hosts < 2 || local < 2) return 1;
-  // One round of a shard's ring per piece.
-  const size_t piece = local * hosts * chunk_limit(ctx);
-  const size_t pieces = (count + piece - 1) / piece;
-  // Every part of every piece holds at least one element, so that every rank
-  // has the same steps and interleaves them alike.
-  return pieces >= 2 && count / pieces >= local * hosts ? pieces : 1;
+  if (!ctx.buffered_sends) return 1;
+  return hier_pieces(at.across.size(), at.local.size(), chunk_limit(ctx), count);
 }
 
 }  // namespace

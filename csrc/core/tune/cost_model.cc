@@ -202,7 +202,11 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           const double across = (one_exchange ? 1 : 2 * (H - 1)) * model.tcp.alpha_s +
                                 2 * (H - 1) / H * S * model.tcp.beta_s_per_b +
                                 (one_exchange ? 1 : (H - 1) / H) * S / L * g;
-          return local + across;
+          // In pieces, the host phases run beside the link phase, except the
+          // first piece's reduce-scatter and the last one's allgather.
+          const double pieces = static_cast<double>(
+              algo::hier_pieces(topo.hosts, topo.ranks_per_host, topo.step_bytes, bytes));
+          return pieces > 1 ? std::max(local, across) + local / pieces : local + across;
         }
         default: break;
       }

@@ -41,6 +41,9 @@ struct Topology {
   // Rank r is on host r / ranks_per_host, as launchers number them; then the
   // first rounds of recursive doubling pair ranks of one host.
   bool ranks_by_host = true;
+  // A Plan step's budget (PlanContext::max_step_bytes), which sets the size of
+  // hier's pieces. 512 KiB is what the default slots give across hosts.
+  size_t step_bytes = 512 << 10;
 };
 
 // Barrier has a single algorithm and no cost.

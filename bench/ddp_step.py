@@ -86,7 +86,7 @@ class System:
         self.model = weft.DistributedDataParallel(
             make_model(opts["width"]), process_group=group, compression=compression
         )
-        if name == "no-comm":
+        if not self.communicates:
             self.model.register_comm_hook(None, keep_bucket_hook)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-4)
         self.grads = torch.zeros(sum(p.numel() for p in self.model.parameters()))

@@ -16,7 +16,7 @@ BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 3 --vs gloo,mpi
 # to tcp like weft), and across two namespace "hosts" whose links tc limits to 1 Gbit/s (needs
 # root).
 ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e 256M -f 8 \
-	-n 10 --iter-bytes 64M -w 3 --repeats 2 --vs gloo,mpi,mpi-tcp
+	-n 10 --iter-bytes 64M -w 3 --repeats 3 --vs gloo,mpi,mpi-tcp
 
 .PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu
 
@@ -66,6 +66,6 @@ bench-algorithms: install install-peers
 			--plot $(RESULTS)/algos_tcp_np$$np.png > $(RESULTS)/algos_tcp_np$$np.txt || exit 1; \
 	done
 	$(PYTHON) bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 -b 16 -e 256M \
-		--algos ring,tree,rd,rhd,hier,auto -n 3 --iter-bytes 64M --repeats 2 \
+		--algos ring,tree,rd,rhd,hier,auto -n 3 --iter-bytes 64M --repeats 3 --vs gloo,mpi \
 		--json $(RESULTS)/hier_2x2_1gbit.json --plot $(RESULTS)/hier_2x2_1gbit.png \
 		> $(RESULTS)/hier_2x2_1gbit.md

@@ -1,8 +1,10 @@
 """Allreduce algorithms across rate-limited "hosts": network namespaces on this machine.
 
 Starts HOSTS x PER_HOST ranks in namespaces (weft.netns) whose links are limited to --rate
-Mbit/s with tc tbf, runs weft-bench there once (weft's algorithms sharing the launch, then
-gloo), and writes its report as JSON and a plot. Needs root.
+Mbit/s with tc tbf, runs weft-bench there once (weft's algorithms sharing the launch, then each
+peer of --vs), and writes its report as JSON and a plot. Needs root; with OpenMPI among the
+peers, OpenMPI's mpirun starts the ranks (each namespace one of its nodes, so it uses shared
+memory inside a host and tcp over the limited link between hosts).
 
     python bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 \\
         --json bench/results/hier_2x2_1gbit.json --plot bench/results/hier_2x2_1gbit.png
@@ -26,20 +28,24 @@ STORE_PORT = 29500  # each namespace has its own ports
 
 def run(net, args, out: Path) -> dict:
     """One weft-bench launch on every rank: weft's algorithms (sharing the launch, taking turns
-    at every size) and gloo."""
+    at every size) and the peers."""
     size = args.hosts * args.per_host
     bench = [sys.executable, "-m", "weft.bench", "-o", "all_reduce", "-b", args.b, "-e", args.e]
     bench += ["-f", "4", "-n", str(args.n), "--iter-bytes", args.iter_bytes, "-w", "1"]
     bench += ["--repeats", str(args.repeats)]
-    bench += ["--algo", args.algos, "--vs", "gloo", f"--json={out}"]
-    procs = []
-    for rank in range(size):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
-        env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank % args.per_host))
-        env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
-        env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
-        # The report comes back as JSON; the summary is what this script prints.
-        procs.append(net.spawn(rank // args.per_host, bench, env, stdout=subprocess.DEVNULL))
+    bench += ["--algo", args.algos, "--vs", args.vs, f"--json={out}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
+    env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
+    # The report comes back as JSON; the summary is what this script prints.
+    if "mpi" in args.vs.split(","):
+        procs = [net.mpirun(args.per_host, bench, env=env, stdout=subprocess.DEVNULL)]
+    else:
+        procs = []
+        for rank in range(size):
+            env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank % args.per_host))
+            host = rank // args.per_host
+            procs.append(net.spawn(host, bench, dict(env), stdout=subprocess.DEVNULL))
     for proc in procs:
         if proc.wait(timeout=args.timeout) != 0:
             sys.exit(f"weft-bench failed: exit {proc.returncode}")
@@ -52,6 +58,7 @@ def main() -> None:
     parser.add_argument("--per-host", type=int, default=2)
     parser.add_argument("--rate", type=float, default=1000, help="Mbit/s per host link")
     parser.add_argument("--algos", default="ring,rhd,tree,hier,auto")
+    parser.add_argument("--vs", default="gloo,mpi", help="weft-bench's peers: gloo, mpi")
     parser.add_argument("-b", default="64K")
     parser.add_argument("-e", default="64M")
     parser.add_argument("-n", type=int, default=5)

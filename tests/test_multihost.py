@@ -8,8 +8,10 @@ is the fastest by far). Skipped, with the reason, without root or ip.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +50,32 @@ def test_hierarchical_across_namespaces(hosts, per_host):
         same_host = [p // per_host == rank // per_host for p in range(size)]
         want = ["self" if p == rank else ("shm" if same_host[p] else "tcp") for p in range(size)]
         assert report["transports"] == want
+
+
+MPI_RANK = """
+import json, numpy as np, weft
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+x = np.full(1000, world.rank + 1, dtype=np.float32)
+world.Allreduce(MPI.IN_PLACE, x)
+hosts = world.allgather(weft.host_id())
+if world.rank == 0:
+    print(json.dumps({"hosts": hosts, "sums": sorted(set(x.tolist()))}))
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None,
+    reason="needs OpenMPI's mpirun and mpi4py (make install-peers)",
+)
+def test_openmpi_ranks_across_namespaces():
+    """Hosts.mpirun (the hierarchical benchmark's OpenMPI launch): 2 ranks in each of 2
+    namespaces, each namespace a host to OpenMPI and to weft, and an allreduce across them."""
+    with weft.netns.Hosts(2, rate_mbit=RATE_MBIT) as net:
+        proc = net.mpirun(2, [sys.executable, "-c", MPI_RANK], stdout=subprocess.PIPE)
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 0
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["sums"] == [1 + 2 + 3 + 4]
+    hosts = report["hosts"]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts

@@ -10,13 +10,17 @@ Used by the multi-host tests and the hierarchical benchmark::
 
     with weft.netns.Hosts(2, rate_mbit=1000) as hosts:
         procs = [hosts.spawn(h, [sys.executable, "job.py", ...]) for h in (0, 0, 1, 1)]
+        job = hosts.mpirun(2, [sys.executable, "job.py", ...])   # OpenMPI: 2 ranks per host
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import tempfile
+from pathlib import Path
 
 
 def _run(*argv: str) -> None:
@@ -52,6 +56,8 @@ class Hosts:
         self.ips = [f"10.{net}.0.{i + 1}" for i in range(count)]
         self._root_links = [f"wft{tag}v{i}" for i in range(count)]
         self._procs: list[subprocess.Popen] = []
+        self._sessions: set[int] = set()  # pids of processes that lead their own session
+        self._files: tempfile.TemporaryDirectory | None = None
 
     def __enter__(self) -> Hosts:
         try:
@@ -88,11 +94,55 @@ class Hosts:
         self._procs.append(proc)
         return proc
 
+    def mpirun(self, per_host: int, argv: list[str], mpirun: str = "mpirun", **kwargs):
+        """Starts ``argv`` as ``per_host`` MPI ranks on every host with OpenMPI's ``mpirun``,
+        which runs on host 0 and reaches the others through an rsh agent that enters their
+        namespace. Every host gets its own hostname (a UTS namespace): OpenMPI and weft tell
+        hosts apart by it, so ranks of one host share memory and ranks of two use the link.
+        Ranks inherit this process's environment (or ``env``); placement is left to the kernel
+        (``--bind-to none``), as for ranks started with ``spawn``."""
+        if self._files is None:
+            self._files = tempfile.TemporaryDirectory(prefix="weft-netns-")
+        files = Path(self._files.name)
+        hostfile, agent = files / "hostfile", files / "agent.sh"
+        hostfile.write_text("".join(f"{ip} slots={per_host}\n" for ip in self.ips))
+        cases = "".join(f"  {ip}) ns={ns} ;;\n" for ip, ns in zip(self.ips, self.namespaces))
+        agent.write_text(
+            "#!/bin/sh\n# OpenMPI's rsh agent: '<agent> HOST COMMAND...' runs COMMAND on HOST.\n"
+            f'case "$1" in\n{cases}  *) echo "no namespace has address $1" >&2; exit 1 ;;\nesac\n'
+            'shift\nexec ip netns exec "$ns" unshare --uts sh -c "hostname $ns; $*"\n'
+        )
+        agent.chmod(0o755)
+        launch = [mpirun, "--allow-run-as-root", "--hostfile", str(hostfile)]
+        launch += ["-np", str(per_host * self.count), "--bind-to", "none"]
+        launch += ["--mca", "plm_rsh_agent", str(agent)]
+        launch += ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0"]
+        if per_host * self.count > (os.cpu_count() or 1):
+            # The hosts share this machine's CPUs, which OpenMPI cannot see: each host looks
+            # uncrowded, so its ranks would spin through whole time slices while they wait. It
+            # yields instead, as it does by itself on a node it knows is oversubscribed.
+            launch += ["--mca", "mpi_yield_when_idle", "1"]
+        host0 = self.namespaces[0]
+        in_host0 = ["ip", "netns", "exec", host0, "unshare", "--uts", "sh", "-c"]
+        in_host0 += [f'hostname {host0}; exec "$0" "$@"']
+        # Its own session: leaving kills mpirun with the daemons and ranks it started.
+        proc = subprocess.Popen([*in_host0, *launch, *argv], start_new_session=True, **kwargs)
+        self._procs.append(proc)
+        self._sessions.add(proc.pid)
+        return proc
+
     def __exit__(self, *exc) -> None:
         for proc in self._procs:
-            if proc.poll() is None:
+            if proc.pid in self._sessions:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass  # the session is over
+            elif proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
         for ns in self.namespaces:
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, timeout=30)
+        if self._files is not None:
+            self._files.cleanup()

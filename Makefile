@@ -16,7 +16,7 @@ BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 3 --vs gloo,mpi
 # to tcp like weft), and across two namespace "hosts" whose links tc limits to 1 Gbit/s (needs
 # root).
 ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e 256M -f 8 \
-	-n 10 --iter-bytes 64M -w 3 --repeats 3 --vs gloo,mpi,mpi-tcp
+	-n 10 --iter-bytes 64M -w 3 --repeats 2 --vs gloo,mpi,mpi-tcp
 
 .PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu
 

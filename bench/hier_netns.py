@@ -6,7 +6,7 @@ peer of --vs), and writes its report as JSON and a plot. Needs root; with OpenMP
 peers, OpenMPI's mpirun starts the ranks (each namespace one of its nodes, so it uses shared
 memory inside a host and tcp over the limited link between hosts).
 
-    python bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 \\
+    python bench/hier_netns.py --hosts 2 --per-host 2 --rate 1000 --vs gloo,mpi \\
         --json bench/results/hier_2x2_1gbit.json --plot bench/results/hier_2x2_1gbit.png
 """
 
@@ -39,13 +39,13 @@ def run(net, args, out: Path) -> dict:
     env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
     # The report comes back as JSON; the summary is what this script prints.
     if "mpi" in args.vs.split(","):
-        procs = [net.mpirun(args.per_host, bench, env=env, stdout=subprocess.DEVNULL)]
+        procs = [net.mpirun(args.per_host, bench, env, stdout=subprocess.DEVNULL)]
     else:
         procs = []
         for rank in range(size):
             env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank % args.per_host))
             host = rank // args.per_host
-            procs.append(net.spawn(host, bench, dict(env), stdout=subprocess.DEVNULL))
+            procs.append(net.spawn(host, bench, env, stdout=subprocess.DEVNULL))
     for proc in procs:
         if proc.wait(timeout=args.timeout) != 0:
             sys.exit(f"weft-bench failed: exit {proc.returncode}")
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--per-host", type=int, default=2)
     parser.add_argument("--rate", type=float, default=1000, help="Mbit/s per host link")
     parser.add_argument("--algos", default="ring,rhd,tree,hier,auto")
-    parser.add_argument("--vs", default="gloo,mpi", help="weft-bench's peers: gloo, mpi")
+    parser.add_argument("--vs", default="gloo", help="weft-bench's peers: gloo, mpi")
     parser.add_argument("-b", default="64K")
     parser.add_argument("-e", default="64M")
     parser.add_argument("-n", type=int, default=5)

@@ -59,23 +59,31 @@ world = MPI.COMM_WORLD
 x = np.full(1000, world.rank + 1, dtype=np.float32)
 world.Allreduce(MPI.IN_PLACE, x)
 hosts = world.allgather(weft.host_id())
+node = world.Split_type(MPI.COMM_TYPE_SHARED).size
 if world.rank == 0:
-    print(json.dumps({"hosts": hosts, "sums": sorted(set(x.tolist()))}))
+    print(json.dumps({"hosts": hosts, "node": node, "sums": sorted(set(x.tolist()))}))
 """
 
 
-@pytest.mark.skipif(
-    shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None,
-    reason="needs OpenMPI's mpirun and mpi4py (make install-peers)",
-)
+def openmpi_missing() -> str | None:
+    if shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None:
+        return "needs OpenMPI's mpirun and mpi4py (make install-peers)"
+    version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+    return None if "Open MPI" in version else "mpirun is not OpenMPI's"
+
+
+@pytest.mark.skipif(openmpi_missing() is not None, reason=openmpi_missing() or "")
 def test_openmpi_ranks_across_namespaces():
     """Hosts.mpirun (the hierarchical benchmark's OpenMPI launch): 2 ranks in each of 2
-    namespaces, each namespace a host to OpenMPI and to weft, and an allreduce across them."""
+    namespaces, each namespace a node to OpenMPI and a host to weft, and an allreduce across
+    them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
     with weft.netns.Hosts(2, rate_mbit=RATE_MBIT) as net:
-        proc = net.mpirun(2, [sys.executable, "-c", MPI_RANK], stdout=subprocess.PIPE)
+        proc = net.mpirun(2, [sys.executable, "-c", MPI_RANK], env, stdout=subprocess.PIPE)
         out, _ = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 0
     report = json.loads(out.decode().strip().splitlines()[-1])
     assert report["sums"] == [1 + 2 + 3 + 4]
+    assert report["node"] == 2  # OpenMPI sees 2 ranks on rank 0's node, not 4
     hosts = report["hosts"]
     assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts

@@ -56,7 +56,6 @@ class Hosts:
         self.ips = [f"10.{net}.0.{i + 1}" for i in range(count)]
         self._root_links = [f"wft{tag}v{i}" for i in range(count)]
         self._procs: list[subprocess.Popen] = []
-        self._sessions: set[int] = set()  # pids of processes that lead their own session
         self._files: tempfile.TemporaryDirectory | None = None
 
     def __enter__(self) -> Hosts:
@@ -94,28 +93,45 @@ class Hosts:
         self._procs.append(proc)
         return proc
 
-    def mpirun(self, per_host: int, argv: list[str], mpirun: str = "mpirun", **kwargs):
+    def mpirun(
+        self,
+        per_host: int,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        command: str = "mpirun",
+        **kwargs,
+    ):
         """Starts ``argv`` as ``per_host`` MPI ranks on every host with OpenMPI's ``mpirun``,
         which runs on host 0 and reaches the others through an rsh agent that enters their
-        namespace. Every host gets its own hostname (a UTS namespace): OpenMPI and weft tell
-        hosts apart by it, so ranks of one host share memory and ranks of two use the link.
-        Ranks inherit this process's environment (or ``env``); placement is left to the kernel
+        namespace. Every host is an OpenMPI node with its own hostname (a UTS namespace), so
+        OpenMPI uses shared memory between ranks of one host and tcp over the link between
+        two; WEFT_HOST_ID is set per host, as ``spawn`` does. Placement is left to the kernel
         (``--bind-to none``), as for ranks started with ``spawn``."""
+        for tool in (command, "unshare", "hostname"):
+            if shutil.which(tool) is None:
+                raise RuntimeError(
+                    f"Hosts.mpirun needs '{tool}' (Debian: apt-get install openmpi-bin "
+                    "util-linux hostname)"
+                )
         if self._files is None:
             self._files = tempfile.TemporaryDirectory(prefix="weft-netns-")
-        files = Path(self._files.name)
+        files = Path(tempfile.mkdtemp(dir=self._files.name))  # one per launch
         hostfile, agent = files / "hostfile", files / "agent.sh"
         hostfile.write_text("".join(f"{ip} slots={per_host}\n" for ip in self.ips))
         cases = "".join(f"  {ip}) ns={ns} ;;\n" for ip, ns in zip(self.ips, self.namespaces))
+        # The agent gets its command as ssh would: words that a shell joins and parses again
+        # (OpenMPI quotes its arguments for that), hence "$*".
         agent.write_text(
             "#!/bin/sh\n# OpenMPI's rsh agent: '<agent> HOST COMMAND...' runs COMMAND on HOST.\n"
             f'case "$1" in\n{cases}  *) echo "no namespace has address $1" >&2; exit 1 ;;\nesac\n'
-            'shift\nexec ip netns exec "$ns" unshare --uts sh -c "hostname $ns; $*"\n'
+            'shift\nexec ip netns exec "$ns" unshare --uts \\\n'
+            '  sh -c "hostname $ns; export WEFT_HOST_ID=$ns; $*"\n'
         )
         agent.chmod(0o755)
-        launch = [mpirun, "--allow-run-as-root", "--hostfile", str(hostfile)]
+        launch = [command, "--allow-run-as-root", "--hostfile", str(hostfile)]
         launch += ["-np", str(per_host * self.count), "--bind-to", "none"]
         launch += ["--mca", "plm_rsh_agent", str(agent)]
+        launch += ["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]
         launch += ["--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0"]
         if per_host * self.count > (os.cpu_count() or 1):
             # The hosts share this machine's CPUs, which OpenMPI cannot see: each host looks
@@ -124,25 +140,33 @@ class Hosts:
             launch += ["--mca", "mpi_yield_when_idle", "1"]
         host0 = self.namespaces[0]
         in_host0 = ["ip", "netns", "exec", host0, "unshare", "--uts", "sh", "-c"]
-        in_host0 += [f'hostname {host0}; exec "$0" "$@"']
-        # Its own session: leaving kills mpirun with the daemons and ranks it started.
-        proc = subprocess.Popen([*in_host0, *launch, *argv], start_new_session=True, **kwargs)
+        in_host0 += [f'hostname {host0}; export WEFT_HOST_ID={host0}; exec "$0" "$@"']
+        proc = subprocess.Popen(
+            [*in_host0, *launch, *argv], env=dict(os.environ if env is None else env), **kwargs
+        )
         self._procs.append(proc)
-        self._sessions.add(proc.pid)
         return proc
 
     def __exit__(self, *exc) -> None:
-        for proc in self._procs:
-            if proc.pid in self._sessions:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass  # the session is over
-            elif proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-        for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
-        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, timeout=30)
-        if self._files is not None:
-            self._files.cleanup()
+        try:
+            # Everything started in a namespace, however deep (mpirun's daemons and ranks
+            # leave its process group), is in that namespace's list.
+            for ns in self.namespaces:
+                pids = subprocess.run(
+                    ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30
+                ).stdout.split()
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass  # gone already
+            for proc in self._procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(timeout=10)
+        finally:
+            for ns in self.namespaces:
+                subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, timeout=30)
+            if self._files is not None:
+                self._files.cleanup()

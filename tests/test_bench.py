@@ -91,7 +91,10 @@ def test_json_has_the_documented_fields(sweep):
     assert report["format"] == "weft-bench/1"
     assert report["config"]["world_size"] == 2
     assert all(SYSTEM_FIELDS <= set(s) for s in report["systems"])
-    assert all(set(r) == RECORD_FIELDS for r in report["results"])
+    for r in report["results"]:
+        # weft says which family ran wherever its tuner chooses one (all_to_all has one).
+        says = r["system"] == "weft" and r["op"] != "all_to_all"
+        assert set(r) == RECORD_FIELDS | ({"algorithm_runs"} if says else set()), r
     assert report["ratios"] and all(set(q) == RATIO_FIELDS for q in report["ratios"])
     assert {(q["system"], q["peer"]) for q in report["ratios"]} == {("weft", "gloo")}
 
@@ -182,6 +185,39 @@ def test_algorithms_share_a_launch(tmp_path):
     for name in ("weft[ring]", "weft[oneshot]"):
         mine = [r for r in results if r["system"] == name]
         assert {r["bytes"] for r in mine} == {8, 65536} and all(r["wrong"] == 0 for r in mine)
+
+
+def test_report_records_what_auto_ran(tmp_path):
+    """algorithm_runs holds, per size, the family each launch's tuner chose, as its debug log
+    says."""
+    out = tmp_path / "r.json"
+    proc = bench(
+        *("-b", "8", "-e", "64K", "-f", "8192", "-n", "2", "-w", "1", "--repeats", "2"),
+        f"--json={out}",
+        env={"WEFT_DEBUG": "INFO"},
+    )
+    logged: dict[int, set[str]] = {}
+    for nbytes, algorithm in re.findall(
+        r"^weft\[rank 0\] allreduce of (\d+) bytes: algorithm (\w+)", proc.stderr, re.M
+    ):
+        logged.setdefault(int(nbytes), set()).add(algorithm)
+    results = json.loads(out.read_text())["results"]
+    assert {r["bytes"] for r in results} == {8, 65536}
+    for r in results:
+        assert len(r["algorithm_runs"]) == 2, r
+        assert set(r["algorithm_runs"]) <= logged[r["bytes"]], (r, logged)
+
+
+def test_the_table_says_what_auto_ran_where_it_varies():
+    from weft.bench.report import chosen_algorithms
+
+    def runs(nbytes, *algorithms):
+        return {"bytes": nbytes, "in_place": True, "algorithm_runs": list(algorithms)}
+
+    assert chosen_algorithms([runs(16, "rd", "rd"), runs(64, "rd", "hier")]) == [
+        "# algorithm: 16 rd, 64 rd/hier"
+    ]
+    assert chosen_algorithms([runs(16, "ring", "ring"), runs(64, "ring", "ring")]) == []
 
 
 def test_iter_bytes_times_more_calls_at_small_sizes(tmp_path):

@@ -74,7 +74,20 @@ def system_block(name: str, op: str, records: list[dict]) -> list[str]:
         lines.append(line)
     if busbw:
         lines.append(f"# Avg bus bandwidth    : {sum(busbw) / len(busbw):.4g} GB/s")
-    return lines
+    return lines + chosen_algorithms(records)
+
+
+def chosen_algorithms(records: list[dict]) -> list[str]:
+    """What a system that chooses (weft's auto) ran at each size, launches that chose
+    differently joined by '/'; nothing for a system that ran one algorithm throughout."""
+    by_size: dict[int, dict[str, None]] = {}
+    for r in records:
+        for algorithm in r.get("algorithm_runs", []):
+            by_size.setdefault(r["bytes"], {})[algorithm] = None
+    if len({a for algos in by_size.values() for a in algos}) < 2:
+        return []
+    cells = [f"{nbytes} {'/'.join(algos)}" for nbytes, algos in sorted(by_size.items())]
+    return ["# algorithm: " + ", ".join(cells)]
 
 
 def fmt_time(us: float) -> str:

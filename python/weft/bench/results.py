@@ -2,7 +2,8 @@
 
 A launch's time per call at one (op, size, form) is its slowest rank's; #wrong is the sum over
 ranks. With --repeats, the reported time is the median over the launches, whose times are kept
-in `time_us_runs`. Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time,
+in `time_us_runs`, and where the system says which algorithm it ran (weft), each launch's in
+`algorithm_runs`. Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time,
 busbw = algbw x the op's factor (ops.Op.bus_factor).
 """
 
@@ -59,6 +60,8 @@ def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
                 "time_us_runs": [sig(x * 1e6) for x in times],
             }
         )
+        if any("algorithm" in r for r in same):
+            out[-1]["algorithm_runs"] = [r.get("algorithm") for r in same]
     return out
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 
 Call = Callable[[], object]
+# The collectives weft's tuner chooses an algorithm for (the others have one each).
+TUNED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
 
 class Unsupported(Exception):
@@ -41,6 +43,11 @@ class System:
 
     def sync(self) -> None:
         """Waits until the calls issued so far are done (device streams)."""
+
+    def algorithm(self, op: str, block_bytes: int) -> str | None:
+        """The algorithm this system runs `op` with at `block_bytes` per rank block, where it
+        says."""
+        return None
 
     def close(self) -> None:
         pass
@@ -85,6 +92,14 @@ class Weft(System):
 
     def barrier(self):
         self.comm.barrier()
+
+    def algorithm(self, op, block_bytes):
+        from weft.bench.ops import OPS
+
+        collective = OPS[op].collective
+        if collective not in TUNED:
+            return None
+        return self.comm.algorithm(collective, block_bytes)[0]
 
 
 class TorchDistributed(System):

@@ -92,7 +92,7 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         call()
     system.sync()
     elapsed = time.perf_counter() - start
-    return {
+    record = {
         "op": op.name,
         "bytes": shape.count * dtype.itemsize,
         "count": shape.count,
@@ -101,3 +101,7 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         "time_s": elapsed / iters,
         "wrong": wrong,
     }
+    algorithm = system.algorithm(op.name, shape.block * dtype.itemsize)
+    if algorithm:
+        record["algorithm"] = algorithm
+    return record

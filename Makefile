@@ -1,7 +1,8 @@
 # The two Quick-start entry points (see README.md):
 #   make bench   install everything, run weft-bench (six collectives, 2 local ranks) against
 #                gloo and OpenMPI
-#   make test    install everything, run the style checks and the whole test suite
+#   make test    install everything (OpenMPI where it can: its tests skip without it), run
+#                the style checks and the whole test suite
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 # torch is pinned: a looser requirement pulls the newest CUDA build from PyPI.
@@ -27,7 +28,8 @@ install:
 		scikit-build-core pybind11 cmake ninja nvidia-nccl-cu13 nvidia-cuda-cuobjdump
 	$(PIP) install -q --no-build-isolation --no-deps .
 
-# OpenMPI for the side-by-side benchmark (Debian packages, needs root).
+# OpenMPI for the side-by-side benchmark and its tests (Debian packages: root, where mpirun is
+# missing).
 install-peers:
 	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
 	$(PIP) install -q mpi4py
@@ -38,6 +40,7 @@ lint:
 	$(PYTHON) -m ruff format --check python tests bench tools examples
 
 test: install lint
+	$(MAKE) install-peers PYTHON=$(PYTHON) || echo "make test: no OpenMPI; its tests will skip"
 	$(PYTHON) -m pytest -q -ra
 
 # On a machine with a GPU, after weft is built there (no install step: it keeps that

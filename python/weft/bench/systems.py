@@ -14,8 +14,6 @@ from collections.abc import Callable
 import torch
 
 Call = Callable[[], object]
-# The collectives weft's tuner chooses an algorithm for (the others have one each).
-TUNED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
 
 class Unsupported(Exception):
@@ -94,10 +92,13 @@ class Weft(System):
         self.comm.barrier()
 
     def algorithm(self, op, block_bytes):
+        """The tuner's choice, for the collectives it chooses for (weft.algorithms lists
+        none for the others)."""
+        import weft
         from weft.bench.ops import OPS
 
         collective = OPS[op].collective
-        if collective not in TUNED:
+        if not weft.algorithms(collective, self.hosts):
             return None
         return self.comm.algorithm(collective, block_bytes)[0]
 

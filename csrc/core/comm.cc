@@ -220,7 +220,9 @@ void Communicator::learn_topology() {
   for (int r = 0; r < size_ && topology_.ranks_per_host > 0; ++r) {
     if (host_of_rank_[r] != r / topology_.ranks_per_host) topology_.ranks_by_host = false;
   }
-  cpu_placement::note_ranks_on_host(ranks_on[mesh_->peer(rank_).host_id]);
+  int local_index = 0;
+  for (int r = 0; r < rank_; ++r) local_index += host_of_rank_[r] == host_of_rank_[rank_];
+  cpu_placement::note_ranks_on_host(ranks_on[mesh_->peer(rank_).host_id], local_index);
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   topology_.step_bytes = step_limit_bytes_;
   if (forced_algorithm_ == Algorithm::Auto) return;

@@ -11,6 +11,9 @@ namespace {
 constexpr auto kMinInterval = std::chrono::milliseconds(10);
 
 std::atomic<int> most_ranks_on_host{0};
+// This rank's index among its host's ranks in the communicator with the most
+// of them, or -1 before any communicator.
+std::atomic<int> spread_index{-1};
 std::atomic<long long> last_move_ns{0};
 thread_local bool worker_thread = false;
 
@@ -20,9 +23,13 @@ int allowed_cpus() {
   return CPU_COUNT(&allowed);
 }
 
-// Leaves the current CPU: the kernel migrates the thread when its allowed set
-// excludes the CPU it runs on; restoring the set right away leaves it where it
-// went and free to move.
+// Moves the thread onto a CPU of `to`: the kernel migrates it when its
+// allowed set excludes the CPU it runs on. Restoring `allowed` right away
+// leaves it where it went and free to move.
+void move_to(const cpu_set_t& to, const cpu_set_t& allowed) {
+  if (sched_setaffinity(0, sizeof to, &to) == 0) sched_setaffinity(0, sizeof allowed, &allowed);
+}
+
 void leave_current_cpu() {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
@@ -30,17 +37,33 @@ void leave_current_cpu() {
   if (cpu < 0 || !CPU_ISSET(cpu, &allowed)) return;
   cpu_set_t others = allowed;
   CPU_CLR(cpu, &others);
-  if (sched_setaffinity(0, sizeof others, &others) == 0) {
-    sched_setaffinity(0, sizeof allowed, &allowed);
-  }
+  move_to(others, allowed);
+}
+
+// Goes to the allowed CPU that `index` spreads to: the set's CPUs in order,
+// round robin.
+void go_to_spread_cpu(int index) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  int skip = index % CPU_COUNT(&allowed);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &allowed) || skip-- > 0) ++cpu;
+  if (sched_getcpu() == cpu) return;
+  cpu_set_t target;
+  CPU_ZERO(&target);
+  CPU_SET(cpu, &target);
+  move_to(target, allowed);
 }
 
 }  // namespace
 
-void note_ranks_on_host(int ranks) {
+void note_ranks_on_host(int ranks, int index) {
   int seen = most_ranks_on_host.load();
   while (ranks > seen && !most_ranks_on_host.compare_exchange_weak(seen, ranks)) {
   }
+  if (ranks <= seen && spread_index.load() >= 0) return;  // a larger or earlier one decides
+  spread_index.store(index);
+  if (ranks > allowed_cpus()) go_to_spread_cpu(index);
 }
 
 void mark_worker_thread() { worker_thread = true; }
@@ -50,14 +73,18 @@ bool on_worker_thread() { return worker_thread; }
 void crowded() {
   if (on_worker_thread()) return;
   const int ranks = most_ranks_on_host.load(std::memory_order_relaxed);
-  if (ranks < 2 || ranks > allowed_cpus()) return;
+  if (ranks < 2) return;
   const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now().time_since_epoch())
                             .count();
   long long last = last_move_ns.load(std::memory_order_relaxed);
   if (now - last < std::chrono::nanoseconds(kMinInterval).count()) return;
   if (!last_move_ns.compare_exchange_strong(last, now)) return;
-  leave_current_cpu();
+  if (ranks > allowed_cpus()) {
+    go_to_spread_cpu(spread_index.load());
+  } else {
+    leave_current_cpu();
+  }
 }
 
 }  // namespace weft::cpu_placement

@@ -1,17 +1,31 @@
-"""Ranks that outnumber the CPUs they may use spread evenly over them: a host's rank i goes to
+"""Ranks that outnumber the CPUs they may use spread evenly over them: a machine's rank i goes to
 the (i mod n)-th CPU of its allowed set when its communicator is created, and back there when a
 crowded wait finds it elsewhere (left alone, the kernel kept 4 ranks on 2 CPUs 3 + 1 for whole
-runs in half the launches). Nothing is pinned: the allowed set stays what it was."""
+runs in half the launches). Nothing is pinned: the allowed set stays what it was. A machine is a
+running kernel, so "hosts" in network namespaces of this one share its CPUs and spread together.
+
+Run as a script, this file is one rank of the namespace test.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import subprocess
+import sys
+from datetime import timedelta
 
 import numpy as np
 import pytest
 from weft_proc import Ranks
 
 ALLOWED = sorted(os.sched_getaffinity(0))
+SAMPLES = 20
+TWICE_AS_MANY = pytest.mark.skipif(
+    not 2 <= len(ALLOWED) <= 4,
+    reason=f"needs 2 to 4 usable CPUs for twice as many ranks (this process has {len(ALLOWED)})",
+)
 
 
 def on_cpu() -> int:
@@ -20,7 +34,8 @@ def on_cpu() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[36])
 
 
-def scenario_spread(rank, size, store, samples):
+def sample_cpus(rank, size, store, samples):
+    """Small allreduces, and after every 200 the CPU this rank is on."""
     import weft
 
     comm = weft.Communicator(store, rank, size, timeout=60)
@@ -33,14 +48,7 @@ def scenario_spread(rank, size, store, samples):
     return {"cpus": seen, "allowed": sorted(os.sched_getaffinity(0))}
 
 
-@pytest.mark.skipif(
-    not 2 <= len(ALLOWED) <= 4,
-    reason=f"needs 2 to 4 usable CPUs for twice as many ranks (this process has {len(ALLOWED)})",
-)
-def test_ranks_outnumbering_cpus_spread_evenly_over_them():
-    size = 2 * len(ALLOWED)
-    with Ranks(scenario_spread, size, 20) as ranks:
-        seen = ranks.results(timeout=180)
+def check_spread(seen: list[dict]) -> None:
     for rank, got in enumerate(seen):
         assert got["allowed"] == ALLOWED, f"rank {rank} was left pinned: {got['allowed']}"
         want = ALLOWED[rank % len(ALLOWED)]
@@ -49,3 +57,63 @@ def test_ranks_outnumbering_cpus_spread_evenly_over_them():
             f"rank {rank} was on CPU {want} in {share:.0%} of the samples, "
             f"on these CPUs: {got['cpus']}"
         )
+
+
+@TWICE_AS_MANY
+def test_ranks_outnumbering_cpus_spread_evenly_over_them():
+    with Ranks(sample_cpus, 2 * len(ALLOWED), SAMPLES) as ranks:
+        check_spread(ranks.results(timeout=180))
+
+
+@TWICE_AS_MANY
+def test_hosts_on_one_machine_spread_over_its_cpus():
+    """Two namespace "hosts", each with as many ranks as the machine has CPUs: each host alone
+    fits, but together they outnumber the CPUs."""
+    import weft.netns
+
+    reason = weft.netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    per_host = len(ALLOWED)
+    size = 2 * per_host
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    with weft.netns.Hosts(2) as net:
+        procs = [
+            net.spawn(
+                rank // per_host,
+                [sys.executable, __file__, f"--rank={rank}", f"--size={size}", net.ips[0]],
+                env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for rank in range(size)
+        ]
+        outputs = [p.communicate(timeout=180) for p in procs]
+    seen = []
+    for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{err.decode()[-3000:]}"
+        seen.append(json.loads(out.decode().strip().splitlines()[-1]))
+    check_spread(seen)
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("store_ip", help="rank 0's address; its TCPStore listens on 29400")
+    args = parser.parse_args()
+    store = dist.TCPStore(
+        args.store_ip,
+        29400,
+        args.size,
+        args.rank == 0,
+        timedelta(seconds=60),
+        wait_for_workers=False,
+    )
+    print(json.dumps(sample_cpus(args.rank, args.size, store, SAMPLES)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

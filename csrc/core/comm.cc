@@ -220,9 +220,14 @@ void Communicator::learn_topology() {
   for (int r = 0; r < size_ && topology_.ranks_per_host > 0; ++r) {
     if (host_of_rank_[r] != r / topology_.ranks_per_host) topology_.ranks_by_host = false;
   }
-  int local_index = 0;
-  for (int r = 0; r < rank_; ++r) local_index += host_of_rank_[r] == host_of_rank_[rank_];
-  cpu_placement::note_ranks_on_host(ranks_on[mesh_->peer(rank_).host_id], local_index);
+  // CPUs belong to the machine, which "hosts" named by WEFT_HOST_ID may share.
+  int on_machine = 0, machine_index = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (mesh_->peer(r).machine_id != mesh_->peer(rank_).machine_id) continue;
+    ++on_machine;
+    machine_index += r < rank_;
+  }
+  cpu_placement::note_ranks_on_machine(on_machine, machine_index);
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   topology_.step_bytes = step_limit_bytes_;
   if (forced_algorithm_ == Algorithm::Auto) return;

@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <initializer_list>
 #include <string>
 #include <utility>
 
+#include "core/common/boot_id.h"
 #include "core/common/error.h"
 
 namespace weft {
@@ -61,9 +61,7 @@ T env_choice(const char* name, T fallback,
 std::string default_host_id() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  std::string boot_id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  return std::string(host) + "/" + boot_id;
+  return std::string(host) + "/" + boot_id();
 }
 
 Config parse() {

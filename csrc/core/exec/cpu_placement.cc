@@ -10,8 +10,8 @@ namespace {
 
 constexpr auto kMinInterval = std::chrono::milliseconds(10);
 
-std::atomic<int> most_ranks_on_host{0};
-// This rank's index among its host's ranks in the communicator with the most
+std::atomic<int> most_ranks_on_machine{0};
+// This rank's index among its machine's ranks in the communicator with the most
 // of them, or -1 before any communicator.
 std::atomic<int> spread_index{-1};
 std::atomic<long long> last_move_ns{0};
@@ -57,9 +57,9 @@ void go_to_spread_cpu(int index) {
 
 }  // namespace
 
-void note_ranks_on_host(int ranks, int index) {
-  int seen = most_ranks_on_host.load();
-  while (ranks > seen && !most_ranks_on_host.compare_exchange_weak(seen, ranks)) {
+void note_ranks_on_machine(int ranks, int index) {
+  int seen = most_ranks_on_machine.load();
+  while (ranks > seen && !most_ranks_on_machine.compare_exchange_weak(seen, ranks)) {
   }
   if (ranks <= seen && spread_index.load() >= 0) return;  // a larger or earlier one decides
   spread_index.store(index);
@@ -72,7 +72,7 @@ bool on_worker_thread() { return worker_thread; }
 
 void crowded() {
   if (on_worker_thread()) return;
-  const int ranks = most_ranks_on_host.load(std::memory_order_relaxed);
+  const int ranks = most_ranks_on_machine.load(std::memory_order_relaxed);
   if (ranks < 2) return;
   const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now().time_since_epoch())

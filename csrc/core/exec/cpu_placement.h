@@ -1,5 +1,7 @@
-// Keeps the ranks of one host off each other's CPU, or, when they outnumber
-// the CPUs, spread evenly over them.
+// Keeps the ranks of one machine off each other's CPU, or, when they
+// outnumber the CPUs, spread evenly over them. A machine is a running kernel
+// (its boot id): "hosts" that WEFT_HOST_ID names apart, such as containers or
+// network namespaces, may share one and its CPUs.
 //
 // The kernel's scheduler sometimes puts two ranks that wait on each other on
 // one CPU while another CPU of theirs idles, and keeps them there for seconds:
@@ -14,18 +16,18 @@
 // With more ranks than CPUs, sharing is unavoidable, but not its shape: 4
 // ranks on 2 CPUs sat 3 on one and 1 on the other in half the launches, for
 // whole runs, and a small allreduce took 19-30 us there against 8-12 us on a
-// 2 + 2 split. There every rank goes to CPU (its index among the host's ranks)
-// mod (CPUs it may use), of its allowed set, when its communicator is created
+// 2 + 2 split. There every rank goes to CPU (its index among the machine's
+// ranks) mod (CPUs it may use), of its allowed set, when its communicator is created
 // and again when a crowded wait finds it elsewhere; again nothing is pinned.
 #pragma once
 
 namespace weft::cpu_placement {
 
-// A communicator's count of ranks on this host and this rank's index among
+// A communicator's count of ranks on this machine and this rank's index among
 // them. Moving is among the CPUs this process may use; the communicator with
-// the most ranks on the host (the first of them) sets the index a rank
+// the most ranks on the machine (the first of them) sets the index a rank
 // spreads by, and with more ranks than CPUs the rank moves there now.
-void note_ranks_on_host(int ranks, int index);
+void note_ranks_on_machine(int ranks, int index);
 
 // Called by a waiter whose yield gave the CPU to another task. Moves this
 // thread, at most once per 10 ms in the process, unless it is a worker thread

@@ -383,6 +383,7 @@ ENV_CASES = {
     "WEFT_ALGO=bogus": ({"WEFT_ALGO": "bogus"}, None, "WEFT_ALGO"),
     "WEFT_CUDA_PATH=bogus": ({"WEFT_CUDA_PATH": "bogus"}, None, "WEFT_CUDA_PATH"),
     "WEFT_NCCL_MODE=bogus": ({"WEFT_NCCL_MODE": "bogus"}, None, "WEFT_NCCL_MODE"),
+    "WEFT_CPU_PLACEMENT=bogus": ({"WEFT_CPU_PLACEMENT": "bogus"}, None, "WEFT_CPU_PLACEMENT"),
     "WEFT_NCCL_STEP_BYTES=0": ({"WEFT_NCCL_STEP_BYTES": "0"}, None, "WEFT_NCCL_STEP_BYTES"),
     "WEFT_SCRATCH_CACHE_BYTES=x": (
         {"WEFT_SCRATCH_CACHE_BYTES": "x"},

@@ -220,14 +220,15 @@ void Communicator::learn_topology() {
   for (int r = 0; r < size_ && topology_.ranks_per_host > 0; ++r) {
     if (host_of_rank_[r] != r / topology_.ranks_per_host) topology_.ranks_by_host = false;
   }
-  // CPUs belong to the machine, which "hosts" named by WEFT_HOST_ID may share.
-  int on_machine = 0, machine_index = 0;
+  // Ranks compete for CPUs with the ranks that may use the same ones, which
+  // "hosts" named by WEFT_HOST_ID may share (common/machine.h).
+  int sharing = 0, index = 0;
   for (int r = 0; r < size_; ++r) {
-    if (mesh_->peer(r).machine_id != mesh_->peer(rank_).machine_id) continue;
-    ++on_machine;
-    machine_index += r < rank_;
+    if (mesh_->peer(r).cpus != mesh_->peer(rank_).cpus) continue;
+    ++sharing;
+    index += r < rank_;
   }
-  cpu_placement::note_ranks_on_machine(on_machine, machine_index);
+  cpu_placement::note_ranks_sharing_cpus(sharing, index);
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   topology_.step_bytes = step_limit_bytes_;
   if (forced_algorithm_ == Algorithm::Auto) return;

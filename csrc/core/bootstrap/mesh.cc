@@ -17,10 +17,10 @@
 #include <cstring>
 #include <thread>
 
-#include "core/common/boot_id.h"
 #include "core/common/config.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
+#include "core/common/machine.h"
 
 namespace weft {
 namespace {
@@ -80,7 +80,7 @@ std::vector<uint8_t> encode(const PeerAddress& a) {
   put(out, a.pid);
   put(out, a.port);
   put_string(out, a.host_id);
-  put_string(out, a.machine_id);
+  put_string(out, a.cpus);
   put_string(out, a.ip);
   return out;
 }
@@ -90,9 +90,11 @@ PeerAddress decode(const std::vector<uint8_t>& bytes, const std::string& key) {
   Reader r(bytes);
   uint32_t magic = 0;
   if (!r.get(magic) || magic != kAddressMagic || !r.get(a.size) || !r.get(a.pid) ||
-      !r.get(a.port) || !r.get_string(a.host_id) || !r.get_string(a.machine_id) ||
-      !r.get_string(a.ip) || !r.done()) {
-    throw PeerError("bootstrap: store entry '" + key + "' is not a weft address");
+      !r.get(a.port) || !r.get_string(a.host_id) || !r.get_string(a.cpus) || !r.get_string(a.ip) ||
+      !r.done()) {
+    throw PeerError(
+        "bootstrap: store entry '" + key +
+        "' is not a weft address of this version (does a peer run another weft build?)");
   }
   return a;
 }
@@ -215,7 +217,7 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
   Socket listener = listen_any(std::max(256, size * sockets_per_peer), port);
   PeerAddress self;
   self.host_id = config().host_id;
-  self.machine_id = boot_id();
+  self.cpus = cpu_identity(self.host_id);
   self.ip = advertised_ip();
   self.port = port;
   self.pid = static_cast<int32_t>(::getpid());

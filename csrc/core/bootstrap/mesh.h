@@ -14,9 +14,9 @@
 namespace weft {
 
 struct PeerAddress {
-  std::string host_id;     // same host_id => shared memory is possible
-  std::string machine_id;  // same machine_id => the same CPUs (common/boot_id.h)
-  std::string ip;          // address the peer listens on
+  std::string host_id;  // same host_id => shared memory is possible
+  std::string cpus;     // same cpus => the same CPUs to share (common/machine.h)
+  std::string ip;       // address the peer listens on
   uint16_t port = 0;
   int32_t pid = 0;
   int32_t size = 0;  // world size the peer was created with

@@ -7,8 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "core/common/boot_id.h"
 #include "core/common/error.h"
+#include "core/common/machine.h"
 
 namespace weft {
 namespace {
@@ -103,6 +103,8 @@ Config parse() {
   c.nccl_mode = env_choice("WEFT_NCCL_MODE", c.nccl_mode,
                            {{"native", NcclMode::Native}, {"plans", NcclMode::Plans}});
   c.nccl_step_bytes = env_long("WEFT_NCCL_STEP_BYTES", c.nccl_step_bytes);
+  c.cpu_placement =
+      env_choice("WEFT_CPU_PLACEMENT", c.cpu_placement, {{"auto", true}, {"off", false}});
   return c;
 }
 

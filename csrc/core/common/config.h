@@ -38,6 +38,7 @@ struct Config {
   size_t cuda_ipc_chunk_bytes = 64 << 20;  // WEFT_CUDA_IPC_CHUNK_BYTES: IPC staging per rank
   NcclMode nccl_mode = NcclMode::Native;   // WEFT_NCCL_MODE=native|plans
   size_t nccl_step_bytes = 4 << 20;        // WEFT_NCCL_STEP_BYTES: largest step of nccl plans
+  bool cpu_placement = true;  // WEFT_CPU_PLACEMENT=auto|off: ranks may move between CPUs
 };
 
 // The process-wide configuration, parsed from the environment on first use.

@@ -4,15 +4,20 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+
+#include "core/common/config.h"
 
 namespace weft::cpu_placement {
 namespace {
 
 constexpr auto kMinInterval = std::chrono::milliseconds(10);
 
-std::atomic<int> most_ranks_on_machine{0};
-// This rank's index among its machine's ranks in the communicator with the most
-// of them, or -1 before any communicator.
+// The most ranks sharing this rank's CPUs in any communicator, and this
+// rank's index among them there (-1 before any communicator); written
+// together under the mutex, read alone.
+std::mutex sharing_mu;
+std::atomic<int> most_sharing{0};
 std::atomic<int> spread_index{-1};
 std::atomic<long long> last_move_ns{0};
 thread_local bool worker_thread = false;
@@ -57,12 +62,14 @@ void go_to_spread_cpu(int index) {
 
 }  // namespace
 
-void note_ranks_on_machine(int ranks, int index) {
-  int seen = most_ranks_on_machine.load();
-  while (ranks > seen && !most_ranks_on_machine.compare_exchange_weak(seen, ranks)) {
+void note_ranks_sharing_cpus(int ranks, int index) {
+  if (!config().cpu_placement) return;
+  {
+    std::lock_guard<std::mutex> lock(sharing_mu);
+    if (ranks <= most_sharing.load()) return;  // a larger or earlier one decides
+    most_sharing.store(ranks);
+    spread_index.store(index);
   }
-  if (ranks <= seen && spread_index.load() >= 0) return;  // a larger or earlier one decides
-  spread_index.store(index);
   if (ranks > allowed_cpus()) go_to_spread_cpu(index);
 }
 
@@ -71,8 +78,8 @@ void mark_worker_thread() { worker_thread = true; }
 bool on_worker_thread() { return worker_thread; }
 
 void crowded() {
-  if (on_worker_thread()) return;
-  const int ranks = most_ranks_on_machine.load(std::memory_order_relaxed);
+  if (on_worker_thread() || !config().cpu_placement) return;
+  const int ranks = most_sharing.load(std::memory_order_relaxed);
   if (ranks < 2) return;
   const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now().time_since_epoch())

@@ -15,12 +15,17 @@ Used by the multi-host tests and the hierarchical benchmark::
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 from pathlib import Path
+
+# Names a Hosts in this process: a namespace's links outlive its deletion for a moment, so the
+# next Hosts of the process must not reuse them.
+_instances = itertools.count()
 
 
 def _run(*argv: str) -> None:
@@ -47,7 +52,7 @@ class Hosts:
     """``count`` namespaces; a context manager that removes them (and their processes)."""
 
     def __init__(self, count: int, rate_mbit: float | None = None):
-        tag = os.getpid() % 10000
+        tag = os.getpid() % 10000 * 100 + next(_instances) % 100
         self.count = count
         self.rate_mbit = rate_mbit
         self.bridge = f"wftbr{tag}"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import netns_ranks
 import pytest
 import weft.netns
 
@@ -32,16 +33,13 @@ def test_hierarchical_across_namespaces(hosts, per_host):
     size = hosts * per_host
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
     with weft.netns.Hosts(hosts, rate_mbit=RATE_MBIT) as net:
-        procs = []
-        for rank in range(size):
-            argv = [sys.executable, WORKER, f"--rank={rank}", f"--size={size}"]
-            argv += [f"--store={net.ips[0]}:{STORE_PORT}", f"--algos={ALGOS}"]
-            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-            procs.append(net.spawn(rank // per_host, argv, env, **pipes))
-        outputs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
-    for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{err.decode()[-3000:]}"
-        report = json.loads(out.decode().strip().splitlines()[-1])
+        store = f"--store={net.ips[0]}:{STORE_PORT}"
+        argvs = [
+            [sys.executable, WORKER, f"--rank={rank}", f"--size={size}", store, f"--algos={ALGOS}"]
+            for rank in range(size)
+        ]
+        found = netns_ranks.reports(net, per_host, argvs, env, TIMEOUT_S)
+    for rank, report in enumerate(found):
         assert report["errors"] == [], f"rank {rank}: wrong results {report['errors']}"
         assert report["chosen"]["hier"] == "hier"
         assert report["chosen"]["auto"] == "hier", f"rank {rank}: tuner chose {report['chosen']}"

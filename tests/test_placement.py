@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from datetime import timedelta
 
+import netns_ranks
 import numpy as np
 import pytest
 from weft_proc import Ranks
@@ -76,26 +76,13 @@ def test_hosts_on_one_machine_spread_over_its_cpus():
     reason = weft.netns.unavailable()
     if reason:
         pytest.skip(reason)
-    per_host = len(CPUS)
-    size = RANKS
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
     with weft.netns.Hosts(2) as net:
-        procs = [
-            net.spawn(
-                rank // per_host,
-                [sys.executable, __file__, f"--rank={rank}", f"--size={size}", net.ips[0]],
-                env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            for rank in range(size)
+        argvs = [
+            [sys.executable, __file__, f"--rank={rank}", f"--size={RANKS}", net.ips[0]]
+            for rank in range(RANKS)
         ]
-        outputs = [p.communicate(timeout=180) for p in procs]
-    seen = []
-    for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{err.decode()[-3000:]}"
-        seen.append(json.loads(out.decode().strip().splitlines()[-1]))
-    check_spread(seen)
+        check_spread(netns_ranks.reports(net, len(CPUS), argvs, env, timeout=180))
 
 
 def main() -> None:

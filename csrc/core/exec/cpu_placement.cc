@@ -35,9 +35,15 @@ void move_to(const cpu_set_t& to, const cpu_set_t& allowed) {
   if (sched_setaffinity(0, sizeof to, &to) == 0) sched_setaffinity(0, sizeof allowed, &allowed);
 }
 
+// The calling thread's allowed set, when it has somewhere to move (2 CPUs or
+// more).
+bool movable_within(cpu_set_t& allowed) {
+  return sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= 2;
+}
+
 void leave_current_cpu() {
   cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  if (!movable_within(allowed)) return;
   const int cpu = sched_getcpu();
   if (cpu < 0 || !CPU_ISSET(cpu, &allowed)) return;
   cpu_set_t others = allowed;
@@ -49,7 +55,7 @@ void leave_current_cpu() {
 // round robin.
 void go_to_spread_cpu(int index) {
   cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  if (!movable_within(allowed)) return;
   int skip = index % CPU_COUNT(&allowed);
   int cpu = 0;
   while (!CPU_ISSET(cpu, &allowed) || skip-- > 0) ++cpu;

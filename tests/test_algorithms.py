@@ -149,3 +149,52 @@ def case_min_max_agree(ctx, algo):
 )
 def test_min_max_agree_on_every_rank(pools, size, transport, algo):
     assert_no_mismatch(pools.get(size, transport).run(case_min_max_agree, algo))
+
+
+def case_measured_plans(ctx):
+    """A communicator that chooses for itself: what it measured, and what it then predicts."""
+    from weft import topo
+
+    comm = weft.Communicator(
+        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("auto"), timeout=COMM_TIMEOUT_S
+    )
+    rivals = {
+        c: topo.algorithms_for(c, comm.topology)
+        for c in FAMILIES
+        if len(topo.algorithms_for(c, comm.topology)) > 1
+    }
+    forced = weft.Communicator(
+        ctx.store,
+        ctx.rank,
+        ctx.size,
+        name=ctx.fresh_name("ring"),
+        timeout=COMM_TIMEOUT_S,
+        algo="ring",
+    )
+    return {
+        "measured": comm.cost_model.measured,
+        "rivals": rivals,
+        "choice_64": comm.algorithm("allreduce", 64),
+        "forced_measured": forced.cost_model.measured,
+    }
+
+
+@pytest.mark.parametrize(
+    ("size", "transport"), [(3, "shm-small"), (4, "hosts-of-2")], ids=["ws3-shm", "ws4-hosts"]
+)
+def test_a_choosing_communicator_times_every_rival_family(pools, size, transport):
+    # Every family that has a rival is timed at both sizes, every rank holds the same figures,
+    # and a 64-byte allreduce goes to the family that measured cheapest there. A communicator
+    # with a forced family has nothing to choose and measures nothing.
+    reports = pools.get(size, transport).run(case_measured_plans)
+    first = reports[0]
+    assert all(r["measured"] == first["measured"] for r in reports)
+    timed = {(c, a, b) for c, a, b, seconds in first["measured"] if seconds > 0}
+    expected = {(c, a, b) for c, fams in first["rivals"].items() for a in fams for b in (64, 4096)}
+    assert "allreduce" in first["rivals"] and timed == expected
+    if transport == "hosts-of-2":
+        assert "hier" in first["rivals"]["allreduce"]
+    at_64 = {a: s for c, a, b, s in first["measured"] if c == "allreduce" and b == 64}
+    cheapest = min(at_64, key=at_64.get)
+    assert first["choice_64"] == (cheapest, at_64[cheapest])
+    assert all(r["forced_measured"] == [] for r in reports)

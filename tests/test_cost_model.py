@@ -2,7 +2,8 @@
 messages and bytes each family moves, whatever the link figures.
 
 These run in one process (no communicator); the model a communicator measures is covered by
-test_algorithms.py (WEFT_DEBUG's logged choices) and test_bench.py (--tune files).
+test_algorithms.py (its measured Plans, WEFT_DEBUG's logged choices) and test_bench.py (--tune
+files).
 """
 
 from __future__ import annotations
@@ -139,3 +140,46 @@ def test_hier_in_pieces_prices_its_host_phases_beside_the_link():
     assert topo.predict("hier", "allreduce", small, pieces, m) == topo.predict(
         "hier", "allreduce", small, one_piece, m
     )
+
+
+def test_measured_plans_outrank_the_link_figures():
+    # Where a world timed whole Plans, the tuner believes the timings: the measured figure at
+    # and below the smallest size measured, the line between sizes, and above the largest the
+    # figure plus what the model adds from there. Unmeasured families keep the model's figure.
+    m, t = model("vm-tcp"), flat(4)
+    assert topo.choose("allreduce", 64, t, m)[0] == "rd"
+    m.measured = [
+        ("allreduce", "rd", 64, 50e-6),
+        ("allreduce", "rd", 4096, 90e-6),
+        ("allreduce", "ring", 64, 30e-6),
+        ("allreduce", "ring", 4096, 130e-6),
+    ]
+    assert m.measured[0] == ("allreduce", "rd", 64, 50e-6)
+    assert topo.choose("allreduce", 64, t, m) == ("ring", 30e-6)
+    assert topo.choose("allreduce", 8, t, m) == ("ring", 30e-6)
+    algo, seconds = topo.choose("allreduce", 1024, t, m)
+    assert algo == "ring"
+    assert seconds == pytest.approx(30e-6 + (1024 - 64) / (4096 - 64) * 100e-6)
+    assert topo.choose("allreduce", 3000, t, m)[0] == "rd"  # the lines cross at 1/3
+    algo, seconds = topo.choose("allreduce", 6000, t, m)
+    grown = topo.predict("rd", "allreduce", 6000, t, m) - topo.predict(
+        "rd", "allreduce", 4096, t, m
+    )
+    assert (algo, seconds) == ("rd", pytest.approx(90e-6 + grown))
+    # Too dear everywhere: the unmeasured families win, priced by the model alone.
+    m.measured = [(c, a, b, 1.0) for c, a, b, _ in m.measured]
+    algo, seconds = topo.choose("allreduce", 64, t, m)
+    assert algo not in ("rd", "ring")
+    assert seconds == topo.predict(algo, "allreduce", 64, t, m)
+
+
+def test_measured_plans_are_comments_in_a_saved_model(tmp_path):
+    # They hold for the world they were measured on only: a file keeps the link figures.
+    m = model("vm-shm")
+    m.measured = [("broadcast", "chain", 4096, 3e-5)]
+    path = tmp_path / "model.txt"
+    topo.save_cost_model(m, str(path))
+    assert "# measured broadcast chain 4096 B: 3e-05 s" in path.read_text()
+    loaded = topo.load_cost_model(str(path))
+    assert loaded.measured == []
+    assert loaded.shm.alpha_s == m.shm.alpha_s

@@ -16,6 +16,7 @@
 #include "core/transport/op_signature.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/tcp/tcp_connection.h"
+#include "core/tune/family_probe.h"
 #include "core/tune/probe.h"
 
 namespace weft {
@@ -146,6 +147,10 @@ CostModel Communicator::tuned_cost_model() {
   if (tune == "off") return CostModel{};
   if (tune != "measure") return load_cost_model(tune);
   CostModel model = probe(kQuickProbe, 0);
+  // A forced family leaves nothing to choose between.
+  if (forced_algorithm_ == Algorithm::Auto) {
+    model.measured = measure_families(tuning_runner(0), plan_context(DataType::Float32), topology_);
+  }
   WEFT_LOG(Info, rank_, "cost model measured:\n" << format_cost_model(model));
   return model;
 }
@@ -162,12 +167,15 @@ CostModel Communicator::measure_cost_model(const ProbeEffort& effort) {
   return model;
 }
 
-CostModel Communicator::probe(const ProbeEffort& effort, uint64_t seq) {
-  auto run = [this, seq](const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op) {
+RunPlan Communicator::tuning_runner(uint64_t seq) {
+  return [this, seq](const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op) {
     execute("tune", seq, plan, in, out, dtype, op, 0);
   };
+}
+
+CostModel Communicator::probe(const ProbeEffort& effort, uint64_t seq) {
   auto is_tcp = [this](int peer) { return transport_to(peer) == "tcp"; };
-  return probe_cost_model(run, rank_, size_, is_tcp, CostModel{}, effort);
+  return probe_cost_model(tuning_runner(seq), rank_, size_, is_tcp, CostModel{}, effort);
 }
 
 void Communicator::agree_on_sizes() {

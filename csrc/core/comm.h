@@ -108,6 +108,8 @@ class Communicator {
   void learn_topology();
   CostModel tuned_cost_model();
   CostModel probe(const ProbeEffort& effort, uint64_t seq);
+  // Runs the tuner's Plans as operation `seq` (one sequence number for all).
+  RunPlan tuning_runner(uint64_t seq);
   PlanContext plan_context(DataType dtype) const;
   const Plan& cached_plan(const PlanKey& key, DataType dtype);
   Plan make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes = 0,

@@ -4,12 +4,19 @@
 
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include "core/common/error.h"
 #include "core/tune/cost_model.h"
 
 namespace py = pybind11;
 
 namespace weft::python {
+namespace {
+
+using MeasuredPoint = std::tuple<std::string, std::string, size_t, double>;
+
+}  // namespace
 
 void bind_topo(py::module_& parent) {
   py::module_ m = parent.def_submodule("topo", "The alpha-beta-gamma cost model of the tuner.");
@@ -30,6 +37,25 @@ void bind_topo(py::module_& parent) {
       .def_readwrite("shm", &CostModel::shm)
       .def_readwrite("tcp", &CostModel::tcp)
       .def_readwrite("gamma_s_per_b", &CostModel::gamma_s_per_b)
+      .def_property(
+          "measured",
+          [](const CostModel& model) {
+            std::vector<MeasuredPoint> points;
+            for (const MeasuredCost& p : model.measured) {
+              points.emplace_back(to_string(p.collective), to_string(p.algorithm), p.bytes,
+                                  p.seconds);
+            }
+            return points;
+          },
+          [](CostModel& model, const std::vector<MeasuredPoint>& points) {
+            model.measured.clear();
+            for (const auto& [collective, algorithm, bytes, seconds] : points) {
+              model.measured.push_back(
+                  {parse_collective(collective), parse_algorithm(algorithm), bytes, seconds});
+            }
+          },
+          "Whole Plans timed on a live world: (collective, algorithm, bytes per rank, seconds) "
+          "tuples, which choose() believes over the links' figures (empty unless measured).")
       .def("__str__", &format_cost_model);
 
   py::class_<Topology>(m, "Topology", "The shape of a world.")

@@ -68,6 +68,10 @@ std::string format_cost_model(const CostModel& m) {
   out << "shm_alpha_s " << m.shm.alpha_s << "\nshm_beta_s_per_b " << m.shm.beta_s_per_b
       << "\ntcp_alpha_s " << m.tcp.alpha_s << "\ntcp_beta_s_per_b " << m.tcp.beta_s_per_b
       << "\ngamma_s_per_b " << m.gamma_s_per_b << "\n";
+  for (const MeasuredCost& p : m.measured) {
+    out << "# measured " << to_string(p.collective) << " " << to_string(p.algorithm) << " "
+        << p.bytes << " B: " << p.seconds << " s\n";
+  }
   return out.str();
 }
 
@@ -232,14 +236,40 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   return std::numeric_limits<double>::infinity();
 }
 
+namespace {
+
+// predict(), anchored to what `a` measured on this world (see choose()).
+double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
+                const CostModel& model) {
+  const MeasuredCost* below = nullptr;  // the largest size measured <= bytes
+  const MeasuredCost* above = nullptr;  // the smallest size measured >= bytes
+  for (const MeasuredCost& p : model.measured) {
+    if (p.collective != c || p.algorithm != a) continue;
+    if (p.bytes <= bytes && (!below || p.bytes > below->bytes)) below = &p;
+    if (p.bytes >= bytes && (!above || p.bytes < above->bytes)) above = &p;
+  }
+  if (!below && !above) return predict(a, c, bytes, topo, model);
+  if (!below) return above->seconds;
+  if (!above) {
+    const double beyond =
+        predict(a, c, bytes, topo, model) - predict(a, c, below->bytes, topo, model);
+    return below->seconds + std::max(0.0, beyond);
+  }
+  if (above->bytes == below->bytes) return below->seconds;
+  const double at = static_cast<double>(bytes - below->bytes) / (above->bytes - below->bytes);
+  return below->seconds + at * (above->seconds - below->seconds);
+}
+
+}  // namespace
+
 Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
               Algorithm forced) {
   if (forced != Algorithm::Auto && has_form(forced, c, topo)) {
-    return Choice{forced, predict(forced, c, bytes, topo, model)};
+    return Choice{forced, expected(forced, c, bytes, topo, model)};
   }
   Choice best{Algorithm::Auto, std::numeric_limits<double>::infinity()};
   for (Algorithm a : algorithms_for(c, topo)) {
-    const double t = predict(a, c, bytes, topo, model);
+    const double t = expected(a, c, bytes, topo, model);
     if (t < best.predicted_s) best = Choice{a, t};
   }
   return best;

@@ -12,9 +12,27 @@
 
 namespace weft {
 
+// Barrier has a single algorithm and no cost.
+enum class Collective : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, Barrier };
+
+// Algorithm families. Not every family has a form for every collective.
+enum class Algorithm { Auto, Ring, Tree, Rd, Rhd, Hier, Oneshot, Chain };
+
 struct LinkCost {
   double alpha_s = 0;       // seconds per message (latency)
   double beta_s_per_b = 0;  // seconds per byte (inverse bandwidth)
+};
+
+// One family's Plan of one collective, timed on a live world at `bytes` per
+// rank: seconds of the slowest rank. Small messages cost what scheduling and
+// links do to a whole Plan, which per-message alpha terms miss (a shared-memory
+// step waiting for a CPU turn, a rate limit whose burst lets small messages
+// through), so where a family was measured the tuner believes the measurement.
+struct MeasuredCost {
+  Collective collective;
+  Algorithm algorithm;
+  size_t bytes;
+  double seconds;
 };
 
 // Defaults are round figures for a 2-core VM; communicators measure their own
@@ -23,10 +41,14 @@ struct CostModel {
   LinkCost shm{2e-6, 1.0 / 8e9};
   LinkCost tcp{20e-6, 1.0 / 2e9};
   double gamma_s_per_b = 1.0 / 10e9;  // reduction, per byte of output
+  // What whole Plans took on the world the model was measured on
+  // (family_probe.h); empty for a model from a file or the defaults.
+  std::vector<MeasuredCost> measured;
 };
 
 // A model as text ("shm_alpha_s 2e-06" lines; "#" starts a comment line),
-// for WEFT_TUNE=<file>.
+// for WEFT_TUNE=<file>. Measured Plans are written as comments: they hold
+// for the world they were measured on only.
 std::string format_cost_model(const CostModel& model);
 // Throws InvalidArgument naming the file and what is wrong with it.
 CostModel load_cost_model(const std::string& path);
@@ -46,12 +68,6 @@ struct Topology {
   size_t step_bytes = 512 << 10;
 };
 
-// Barrier has a single algorithm and no cost.
-enum class Collective : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, Barrier };
-
-// Algorithm families. Not every family has a form for every collective.
-enum class Algorithm { Auto, Ring, Tree, Rd, Rhd, Hier, Oneshot, Chain };
-
 const char* to_string(Algorithm a);
 const char* to_string(Collective c);
 // "auto", "ring", "tree", "rd", "rhd", "hier", "oneshot", "chain"; throws
@@ -65,8 +81,8 @@ Collective parse_collective(const std::string& name);
 std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo);
 
 // Predicted seconds for `bytes` per rank (the buffer each rank contributes;
-// for allgather, each rank's block). Throws InvalidArgument when `a` has no
-// form for `c` on `topo`.
+// for allgather, each rank's block), from the link figures alone. Throws
+// InvalidArgument when `a` has no form for `c` on `topo`.
 double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
                const CostModel& model);
 
@@ -75,7 +91,11 @@ struct Choice {
   double predicted_s;
 };
 // The cheapest family for `c`, or `forced` when it has a form for `c` (a
-// forced family without one falls back to the cheapest).
+// forced family without one falls back to the cheapest). A family measured
+// on this world (CostModel::measured) costs what was measured: at the
+// smallest size measured and below, its figure; between sizes, the line
+// between their figures; above the largest, that figure plus what predict()
+// adds from there.
 Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
               Algorithm forced = Algorithm::Auto);
 

@@ -55,11 +55,20 @@ double reduce_cost() {
 
 }  // namespace
 
+std::vector<double> max_over_ranks(const RunPlan& run, int rank, int size,
+                                   const std::vector<double>& values) {
+  std::vector<double> agreed(values.size(), 0.0);
+  PlanContext ctx{rank, size, sizeof(double), SIZE_MAX / 2, {}};
+  run(algo::oneshot_allreduce(ctx, values.size(), false, false), values.data(), agreed.data(),
+      DataType::Float64, ReduceOp::Max);
+  return agreed;
+}
+
 CostModel probe_cost_model(const RunPlan& run, int rank, int size,
                            const std::function<bool(int)>& is_tcp, const CostModel& defaults,
                            const ProbeEffort& effort) {
   // measured[0..1]: shm alpha, beta; [2..3]: tcp alpha, beta; [4]: gamma.
-  std::vector<double> measured(5, 0.0), agreed(5, 0.0);
+  std::vector<double> measured(5, 0.0);
   measured[4] = reduce_cost();
   std::vector<char> in(effort.transfer_bytes), out(effort.transfer_bytes);
   // Medians: the first messages after connecting, or a descheduled peer,
@@ -95,9 +104,7 @@ CostModel probe_cost_model(const RunPlan& run, int rank, int size,
     measured[at + 1] =
         std::max(measured[at + 1], std::max(transfer - alpha, alpha) / effort.transfer_bytes);
   }
-  PlanContext ctx{rank, size, sizeof(double), SIZE_MAX / 2, {}};
-  run(algo::oneshot_allreduce(ctx, measured.size(), false, false), measured.data(), agreed.data(),
-      DataType::Float64, ReduceOp::Max);
+  const std::vector<double> agreed = max_over_ranks(run, rank, size, measured);
   CostModel model = defaults;
   if (agreed[0] > 0) model.shm = LinkCost{agreed[0], agreed[1]};
   if (agreed[2] > 0) model.tcp = LinkCost{agreed[2], agreed[3]};

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <vector>
 
 #include "core/algo/plan.h"
 #include "core/common/types.h"
@@ -37,6 +38,10 @@ constexpr ProbeEffort kThoroughProbe{400, 40, size_t{4} << 20, 8};
 // these buffers.
 using RunPlan =
     std::function<void(const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op)>;
+
+// The largest of each value over all ranks, on every rank (a collective).
+std::vector<double> max_over_ranks(const RunPlan& run, int rank, int size,
+                                   const std::vector<double>& values);
 
 // `is_tcp(peer)`: this rank reaches `peer` over tcp. Parameters of a
 // transport no rank measured keep `defaults`' values.

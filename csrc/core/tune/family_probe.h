@@ -1,0 +1,28 @@
+// Times whole Plans on a live world: every family of every collective that
+// has a choice of families, at a few small sizes, when a communicator is
+// created. For small messages the tuner goes by these figures rather than
+// by the links' alpha terms (cost_model.h, MeasuredCost).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/algo/plan.h"
+#include "core/tune/cost_model.h"
+#include "core/tune/probe.h"
+
+namespace weft {
+
+// Bytes per rank (for allgather, each rank's block) at which families are
+// timed; above the largest, the model's slope takes over.
+constexpr size_t kMeasuredBytes[] = {64, 4096};
+
+// All ranks call this with the same `topo`; each gets the same figures: per
+// Plan, the slowest rank's median call. The Plans run in windows that take
+// every family in turn, so that a stretch of load elsewhere on the machine
+// falls on all of them alike, and a figure is the median over the windows.
+// `ctx` is the world's PlanContext for float32. Takes a few hundred calls.
+std::vector<MeasuredCost> measure_families(const RunPlan& run, const PlanContext& ctx,
+                                           const Topology& topo);
+
+}  // namespace weft

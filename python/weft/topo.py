@@ -5,7 +5,8 @@
 >>> topo.choose("allreduce", 64 << 20, world)            # (algorithm, predicted seconds)
 >>> topo.predict("ring", "allreduce", 64 << 20, world)
 
-``Communicator.cost_model`` is the model a live communicator measured at creation;
+``Communicator.cost_model`` is the model a live communicator measured at creation, with its
+timed Plans in ``.measured`` (which ``choose`` believes over the link figures at small sizes);
 ``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads.
 """
 

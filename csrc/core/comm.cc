@@ -147,7 +147,8 @@ CostModel Communicator::tuned_cost_model() {
   if (tune == "off") return CostModel{};
   if (tune != "measure") return load_cost_model(tune);
   CostModel model = probe(kQuickProbe, 0);
-  // A forced family leaves nothing to choose between.
+  // Timings are for choosing; with a forced family, collectives it has no
+  // form for choose by the model alone.
   if (forced_algorithm_ == Algorithm::Auto) {
     model.measured = measure_families(tuning_runner(0), plan_context(DataType::Float32), topology_);
   }
@@ -277,7 +278,11 @@ Plan Communicator::make_plan(const PlanKey& key, DataType dtype, size_t max_step
   if (max_step_bytes > 0) ctx.max_step_bytes = max_step_bytes;
   ctx.buffered_sends = buffered_sends;
   if (c == Collective::Barrier) return algo::barrier(ctx);
-  const Choice choice = this->choice(c, count * elem_size);
+  // Plans for an executor elsewhere (the nccl transport's) choose by the
+  // link model alone: the timed Plans are of this communicator's executor.
+  CostModel links = cost_model_;
+  if (!buffered_sends) links.measured.clear();
+  const Choice choice = choose(c, count * elem_size, topology_, links, forced_algorithm_);
   WEFT_LOG(Info, rank_,
            to_string(c) << " of " << count * elem_size << " bytes: algorithm "
                         << to_string(choice.algorithm) << ", predicted " << choice.predicted_s * 1e6

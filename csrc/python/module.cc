@@ -404,9 +404,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("cost_model", &PyCommunicator::cost_model,
                              "The cost model the tuner uses (measured at creation by default).")
       .def("measure_cost_model", &PyCommunicator::measure_cost_model, py::arg("thorough") = true,
-           "Measures a cost model now and returns it (every rank calls it, like a collective); "
-           "thorough=False is the quick probe a communicator runs at creation. The tuner keeps "
-           "its own model.")
+           "Measures the links' figures now and returns them as a cost model (every rank calls "
+           "it, like a collective); thorough=False is the quick link probe a communicator runs "
+           "at creation (which also times Plans; this does not). The tuner keeps its own model.")
       .def_property_readonly("topology", &PyCommunicator::topology)
       .def("algorithm", &PyCommunicator::algorithm, py::arg("collective"), py::arg("nbytes"),
            "(algorithm, predicted seconds) of `collective` ('allreduce', 'broadcast', ...) on "

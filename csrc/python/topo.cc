@@ -55,7 +55,8 @@ void bind_topo(py::module_& parent) {
             }
           },
           "Whole Plans timed on a live world: (collective, algorithm, bytes per rank, seconds) "
-          "tuples, which choose() believes over the links' figures (empty unless measured).")
+          "tuples, which choose() believes over the links' figures (empty unless measured). "
+          "A copy: assign a new list to change it.")
       .def("__str__", &format_cost_model);
 
   py::class_<Topology>(m, "Topology", "The shape of a world.")

@@ -19,8 +19,9 @@ double now_s() {
 }
 
 double median(std::vector<double> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
 struct Timed {
@@ -34,8 +35,10 @@ struct Timed {
 std::vector<MeasuredCost> measure_families(const RunPlan& run, const PlanContext& ctx,
                                            const Topology& topo) {
   std::vector<Timed> timed;
-  for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather,
-                       Collective::Broadcast, Collective::Reduce}) {
+  // Broadcast and reduce end on different ranks at different times, so calls
+  // back to back overlap (a root's sends complete into slots at once) and
+  // would time a hop rather than a call: the model alone prices them.
+  for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather}) {
     const std::vector<Algorithm> families = algorithms_for(c, topo);
     if (ctx.size < 2 || families.size() < 2) continue;
     for (size_t bytes : kMeasuredBytes) {

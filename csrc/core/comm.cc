@@ -22,6 +22,12 @@
 namespace weft {
 namespace {
 
+// `model` without its timed Plans.
+CostModel links_only(CostModel model) {
+  model.measured.clear();
+  return model;
+}
+
 // Sockets per peer pair: a control socket (shared-memory setup and liveness)
 // and one per TCP channel.
 constexpr int kControlSocket = 0;
@@ -280,9 +286,9 @@ Plan Communicator::make_plan(const PlanKey& key, DataType dtype, size_t max_step
   if (c == Collective::Barrier) return algo::barrier(ctx);
   // Plans for an executor elsewhere (the nccl transport's) choose by the
   // link model alone: the timed Plans are of this communicator's executor.
-  CostModel links = cost_model_;
-  if (!buffered_sends) links.measured.clear();
-  const Choice choice = choose(c, count * elem_size, topology_, links, forced_algorithm_);
+  const Choice choice = buffered_sends ? this->choice(c, count * elem_size)
+                                       : choose(c, count * elem_size, topology_,
+                                                links_only(cost_model_), forced_algorithm_);
   WEFT_LOG(Info, rank_,
            to_string(c) << " of " << count * elem_size << " bytes: algorithm "
                         << to_string(choice.algorithm) << ", predicted " << choice.predicted_s * 1e6

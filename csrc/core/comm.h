@@ -54,11 +54,11 @@ class Communicator {
   Choice choice(Collective c, size_t bytes) const;
   const Topology& topology() const { return topology_; }
   // This rank's Plan of `c` over `count` elements of `dtype`, in the family
-  // the tuner (or WEFT_ALGO) picks by the link model alone, for executors of Plans elsewhere whose
-  // sends wait for the peer's receive (the nccl transport's group schedules;
-  // PlanContext::buffered_sends). max_step_bytes bounds a step (PlanContext;
-  // 0: what this communicator's connections allow). Not cached; safe from
-  // any thread.
+  // the tuner (or WEFT_ALGO) picks by the link model alone, for executors of
+  // Plans elsewhere whose sends wait for the peer's receive (the nccl
+  // transport's group schedules; PlanContext::buffered_sends). max_step_bytes
+  // bounds a step (PlanContext; 0: what this communicator's connections
+  // allow). Not cached; safe from any thread.
   Plan plan(Collective c, size_t count, DataType dtype, int root, bool in_place, bool finalize,
             size_t max_step_bytes = 0) const;
   const CostModel& cost_model() const { return cost_model_; }

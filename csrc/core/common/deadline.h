@@ -1,4 +1,5 @@
-// A point in time after which a wait gives up.
+// A point in time after which a wait gives up, and the steady clock in
+// seconds for timing.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,11 @@ inline std::chrono::steady_clock::duration wait_duration(double seconds) {
   constexpr double kLongestWait_s = 365.0 * 24 * 3600;
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(std::min(seconds, kLongestWait_s)));
+}
+
+// Seconds on the steady clock: differences time a piece of work.
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 class Deadline {

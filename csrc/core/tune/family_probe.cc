@@ -1,9 +1,9 @@
 #include "core/tune/family_probe.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "core/algo/algorithms.h"
+#include "core/common/deadline.h"
 
 namespace weft {
 namespace {
@@ -13,10 +13,6 @@ constexpr int kWindows = 4;
 // wake up, caches refill), so they go untimed.
 constexpr int kUntimedCalls = 2;
 constexpr int kTimedCalls = 7;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());

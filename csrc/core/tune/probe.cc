@@ -7,14 +7,11 @@
 #include <vector>
 
 #include "core/algo/algorithms.h"
+#include "core/common/deadline.h"
 #include "core/reduce/cpu_reduce.h"
 
 namespace weft {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Both directions between this rank and `partner` at once (no steps when
 // partner < 0: this rank sits the round out).

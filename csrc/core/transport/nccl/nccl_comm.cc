@@ -5,16 +5,12 @@
 
 #include "core/comm.h"
 #include "core/common/cuda_check.h"
+#include "core/common/deadline.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
 
 namespace weft::nccl {
 namespace {
-
-double now_s() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // How often a nonblocking call in progress and the watchdog look again.
 constexpr auto kPoll = std::chrono::milliseconds(1);

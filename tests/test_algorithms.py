@@ -175,6 +175,7 @@ def case_measured_plans(ctx):
         "measured": comm.cost_model.measured,
         "rivals": rivals,
         "choice_64": comm.algorithm("allreduce", 64),
+        "measured_bytes": topo.MEASURED_BYTES,
         "forced_measured": forced.cost_model.measured,
     }
 
@@ -183,15 +184,16 @@ def case_measured_plans(ctx):
     ("size", "transport"), [(3, "shm-small"), (4, "hosts-of-2")], ids=["ws3-shm", "ws4-hosts"]
 )
 def test_a_choosing_communicator_times_every_rival_family(pools, size, transport):
-    # Every family of allreduce, reduce-scatter and allgather that has a rival is timed at both
-    # sizes (broadcast and reduce are not: back to back, their calls overlap), every rank holds
+    # Every family of allreduce, reduce-scatter and allgather that has a rival is timed at every
+    # size of topo.MEASURED_BYTES (broadcast and reduce are not: back to back, their calls overlap), every rank holds
     # the same figures, and a 64-byte allreduce goes to the family that measured cheapest
     # there. A communicator with a forced family measures nothing.
     reports = pools.get(size, transport).run(case_measured_plans)
     first = reports[0]
     assert all(r["measured"] == first["measured"] for r in reports)
     timed = {(c, a, b) for c, a, b, seconds in first["measured"] if seconds > 0}
-    expected = {(c, a, b) for c, fams in first["rivals"].items() for a in fams for b in (64, 4096)}
+    sizes = first["measured_bytes"]
+    expected = {(c, a, b) for c, fams in first["rivals"].items() for a in fams for b in sizes}
     assert "allreduce" in first["rivals"] and timed == expected
     if transport == "hosts-of-2":
         assert "hier" in first["rivals"]["allreduce"]

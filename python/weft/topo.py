@@ -6,11 +6,13 @@
 >>> topo.predict("ring", "allreduce", 64 << 20, world)
 
 ``Communicator.cost_model`` is the model a live communicator measured at creation, with its
-timed Plans in ``.measured`` (which ``choose`` believes over the link figures at small sizes);
+timed Plans in ``.measured`` (which ``choose`` believes over the link figures at small sizes:
+``MEASURED_BYTES`` per rank);
 ``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads.
 """
 
 from weft._C.topo import (  # noqa: F401
+    MEASURED_BYTES,
     CostModel,
     LinkCost,
     Topology,
@@ -22,6 +24,7 @@ from weft._C.topo import (  # noqa: F401
 )
 
 __all__ = [
+    "MEASURED_BYTES",
     "CostModel",
     "LinkCost",
     "Topology",

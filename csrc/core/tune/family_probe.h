@@ -14,14 +14,18 @@
 namespace weft {
 
 // Bytes per rank (for allgather, each rank's block) at which families are
-// timed; above the largest, the model's slope takes over.
-constexpr size_t kMeasuredBytes[] = {64, 4096};
+// timed; above the largest, the model's slope takes over. 64 KiB is timed
+// because the slope is least right just above the small sizes: with more
+// ranks than cores a round's bytes wait for a CPU, which the probe's
+// pairwise exchanges do not see (8 ranks over tcp on 2 cores: rd grew 3.5x
+// faster from 8 to 64 KiB than rhd, the model expected 1.7x).
+constexpr size_t kMeasuredBytes[] = {64, 4096, 65536};
 
 // All ranks call this with the same `topo`; each gets the same figures: per
 // Plan, the slowest rank's median call. The Plans run in windows that take
 // every family in turn, so that a stretch of load elsewhere on the machine
 // falls on all of them alike, and a figure is the median over the windows.
-// `ctx` is the world's PlanContext for float32. Takes up to 720 calls (20
+// `ctx` is the world's PlanContext for float32. Takes up to 1080 calls (30
 // Plans, each in 4 windows of 9 calls).
 std::vector<MeasuredCost> measure_families(const RunPlan& run, const PlanContext& ctx,
                                            const Topology& topo);

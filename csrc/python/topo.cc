@@ -120,8 +120,8 @@ void bind_topo(py::module_& parent) {
       },
       py::arg("collective"), py::arg("nbytes"), py::arg("topology"), py::arg("model") = CostModel{},
       "(algorithm, predicted seconds) the tuner would pick.");
-  m.attr("MEASURED_BYTES") =
-      py::tuple(py::cast(std::vector<size_t>(std::begin(kMeasuredBytes), std::end(kMeasuredBytes))));
+  m.attr("MEASURED_BYTES") = py::tuple(
+      py::cast(std::vector<size_t>(std::begin(kMeasuredBytes), std::end(kMeasuredBytes))));
   m.def("load_cost_model", &load_cost_model, py::arg("path"),
         "Reads a model written by save_cost_model (the format WEFT_TUNE=<file> takes).");
   m.def(

@@ -185,9 +185,9 @@ def case_measured_plans(ctx):
 )
 def test_a_choosing_communicator_times_every_rival_family(pools, size, transport):
     # Every family of allreduce, reduce-scatter and allgather that has a rival is timed at every
-    # size of topo.MEASURED_BYTES (broadcast and reduce are not: back to back, their calls overlap), every rank holds
-    # the same figures, and a 64-byte allreduce goes to the family that measured cheapest
-    # there. A communicator with a forced family measures nothing.
+    # size of topo.MEASURED_BYTES (broadcast and reduce are not: back to back, their calls
+    # overlap), every rank holds the same figures, and a 64-byte allreduce goes to the family
+    # that measured cheapest there. A communicator with a forced family measures nothing.
     reports = pools.get(size, transport).run(case_measured_plans)
     first = reports[0]
     assert all(r["measured"] == first["measured"] for r in reports)

@@ -24,7 +24,7 @@ from weft_ref import DTYPES, OPS, assert_no_mismatch, make_buffer, to_numpy
 
 WORLDS = (
     [(n, "shm-small") for n in range(1, 10)]
-    + [(n, "tcp-small") for n in (3, 8)]
+    + [(n, "tcp-small") for n in range(2, 10)]
     + [(n, "hosts-of-2") for n in (4, 6)]
 )
 COUNTS = (0, 1, 5, 4099)  # 4099 is prime

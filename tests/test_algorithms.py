@@ -19,6 +19,7 @@ from test_collectives import (
     case_reduce,
     case_reduce_scatter,
 )
+from weft import topo
 from weft_pool import COMM_TIMEOUT_S
 from weft_ref import DTYPES, OPS, assert_no_mismatch, make_buffer, to_numpy
 
@@ -153,8 +154,6 @@ def test_min_max_agree_on_every_rank(pools, size, transport, algo):
 
 def case_measured_plans(ctx):
     """A communicator that chooses for itself: what it measured, and what it then predicts."""
-    from weft import topo
-
     comm = weft.Communicator(
         ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("auto"), timeout=COMM_TIMEOUT_S
     )
@@ -175,7 +174,6 @@ def case_measured_plans(ctx):
         "measured": comm.cost_model.measured,
         "rivals": rivals,
         "choice_64": comm.algorithm("allreduce", 64),
-        "measured_bytes": topo.MEASURED_BYTES,
         "forced_measured": forced.cost_model.measured,
     }
 
@@ -192,7 +190,7 @@ def test_a_choosing_communicator_times_every_rival_family(pools, size, transport
     first = reports[0]
     assert all(r["measured"] == first["measured"] for r in reports)
     timed = {(c, a, b) for c, a, b, seconds in first["measured"] if seconds > 0}
-    sizes = first["measured_bytes"]
+    sizes = topo.MEASURED_BYTES
     expected = {(c, a, b) for c, fams in first["rivals"].items() for a in fams for b in sizes}
     assert "allreduce" in first["rivals"] and timed == expected
     if transport == "hosts-of-2":

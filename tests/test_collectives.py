@@ -8,6 +8,7 @@ mismatch lines, so a failure says exactly which op/dtype/count/mode/rank was wro
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from datetime import timedelta
@@ -673,6 +674,7 @@ def case_attributes(ctx):
 
     comm = ctx.comm
     found = {"rank": comm.rank, "size": comm.size, "timeout": comm.timeout}
+    found["step_bytes"] = comm.topology.step_bytes
     name = ctx.fresh_name("second")
     second = weft.Communicator(
         ctx.store, ctx.rank, ctx.size, name=name, timeout=timedelta(seconds=12.5)
@@ -700,3 +702,14 @@ def test_attributes_and_second_communicator(pools, size, transport):
         assert isinstance(found["timeout"], float)
         assert found["second"] == {"rank": rank, "size": size, "timeout": pytest.approx(12.5)}
         assert found["sums"] == (total, total, 10 * size, 10 * size), f"rank {rank}"
+        assert found["step_bytes"] == expected_step_bytes(size, transport), f"rank {rank}"
+
+
+def expected_step_bytes(size: int, transport: str) -> int:
+    """Half of what a connection can hold unanswered: 256 KiB x 8 over shm; over tcp 1 MiB x 4,
+    or 256 KiB x 2 where more than two ranks per CPU share the machine (these pools' ranks all
+    run here, whatever host identity they were given)."""
+    if transport == "shm":
+        return 256 * 1024 * 8 // 2
+    crowded = size / len(os.sched_getaffinity(0)) > 2
+    return 256 * 1024 * 2 // 2 if crowded else 1024 * 1024 * 4 // 2

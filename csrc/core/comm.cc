@@ -11,6 +11,7 @@
 #include "core/common/config.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
+#include "core/common/machine.h"
 #include "core/exec/cpu_placement.h"
 #include "core/exec/scratch_pool.h"
 #include "core/transport/op_signature.h"
@@ -120,7 +121,7 @@ void Communicator::connect(Store& store, const std::string& name) {
         conn =
             make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s());
       } else {
-        TcpOptions opts{cfg.tcp_slot_bytes, cfg.tcp_slots};
+        TcpOptions opts{tcp_slot_bytes_, tcp_slots_};
         conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);
       }
       (channel == 0 ? collective_conns_ : p2p_conns_)[p] = std::move(conn);
@@ -185,8 +186,42 @@ CostModel Communicator::probe(const ProbeEffort& effort, uint64_t seq) {
   return probe_cost_model(tuning_runner(seq), rank_, size_, is_tcp, CostModel{}, effort);
 }
 
+namespace {
+
+// The most ranks per CPU on any machine of the world (from every rank's
+// cpu_identity(), so every rank computes the same figure).
+double most_ranks_per_cpu(const Mesh& mesh, int size) {
+  std::map<std::string, int> ranks_on;
+  for (int r = 0; r < size; ++r) ++ranks_on[mesh.peer(r).cpus];
+  double most = 0;
+  for (const auto& [cpus, ranks] : ranks_on) {
+    most = std::max(most, static_cast<double>(ranks) / std::max(1, cpu_count(cpus)));
+  }
+  return most;
+}
+
+// More than this many ranks per CPU take turns on it, and one turn's worth of
+// tcp data in flight (slots x slot bytes on each connection) then outgrows
+// the cache: with 8 ranks on 2 CPUs, 256 KiB x 2 ran the ring allreduce of
+// 32-256 MiB 10-20 % faster and broadcasts no slower than 1 MiB x 4; with 2 or
+// 4 ranks the smaller geometry was no better (README, "Algorithms and the tuner").
+constexpr double kCrowdedRanksPerCpu = 2;
+constexpr size_t kCrowdedTcpSlotBytes = 256 << 10;
+constexpr int kCrowdedTcpSlots = 2;
+
+}  // namespace
+
 void Communicator::agree_on_sizes() {
   const Config& cfg = config();
+  tcp_slot_bytes_ = cfg.tcp_slot_bytes;
+  tcp_slots_ = cfg.tcp_slots;
+  if (!cfg.tcp_geometry_set && most_ranks_per_cpu(*mesh_, size_) > kCrowdedRanksPerCpu) {
+    tcp_slot_bytes_ = std::min(tcp_slot_bytes_, kCrowdedTcpSlotBytes);
+    tcp_slots_ = std::min(tcp_slots_, kCrowdedTcpSlots);
+    WEFT_LOG(Info, rank_,
+             "more than " << kCrowdedRanksPerCpu << " ranks per CPU: tcp slots of "
+                          << tcp_slot_bytes_ << " bytes x " << tcp_slots_);
+  }
   bool any_shm = false, any_tcp = false;
   for (int a = 0; a < size_; ++a) {
     for (int b = a + 1; b < size_; ++b) {
@@ -206,8 +241,8 @@ void Communicator::agree_on_sizes() {
     slots = std::min<size_t>(slots, cfg.shm_slots);
   }
   if (any_tcp) {
-    slice_bytes_ = std::min(slice_bytes_, cfg.tcp_slot_bytes);
-    slots = std::min<size_t>(slots, cfg.tcp_slots);
+    slice_bytes_ = std::min(slice_bytes_, tcp_slot_bytes_);
+    slots = std::min<size_t>(slots, tcp_slots_);
   }
   if (!any_shm && !any_tcp) {  // world of one
     slice_bytes_ = cfg.shm_slot_bytes;

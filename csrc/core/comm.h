@@ -137,6 +137,9 @@ class Communicator {
   // use anywhere in the world, so that all ranks build matching Plans.
   size_t slice_bytes_ = 0;
   size_t step_limit_bytes_ = 0;
+  // Every tcp connection's staging geometry (agree_on_sizes()).
+  size_t tcp_slot_bytes_ = 0;
+  int tcp_slots_ = 0;
   // What the tuner chooses algorithms from: the same on every rank.
   std::vector<int> host_of_rank_;
   Topology topology_;

@@ -43,19 +43,19 @@ Step swap_with(int peer, Span send, Span receive) {
   return exchange_step(peer, send, peer, receive);
 }
 
-// The first steps of a folded plan: a rank that sits out hands its input
-// over; its partner reduces it into Output. Returns the buffer that holds
-// this rank's running vector afterwards.
-Buf fold_in(const Fold& fold, size_t count, std::vector<Step>& steps) {
+// The first steps of a folded plan over elements [base, base + count): a
+// rank that sits out hands its input over; its partner reduces it into
+// Output. Returns the buffer that holds this rank's running vector afterwards.
+Buf fold_in(const Fold& fold, size_t base, size_t count, std::vector<Step>& steps) {
   if (fold.partner < 0) return Buf::Input;
   Step s;
   s.count = count;
-  s.local = Span{Buf::Input, 0, count};
+  s.local = Span{Buf::Input, base, count};
   if (fold.new_rank < 0) {
     s.send_peer = fold.partner;
   } else {
     s.recv_peer = fold.partner;
-    s.dst = Span{Buf::Output, 0, count};
+    s.dst = Span{Buf::Output, base, count};
   }
   if (count > 0) steps.push_back(s);
   return Buf::Output;
@@ -63,16 +63,16 @@ Buf fold_in(const Fold& fold, size_t count, std::vector<Step>& steps) {
 
 // The last step of a folded plan: the result goes back to the rank that sat
 // out. (Its Input, sent by reference, was consumed before the result exists.)
-void fold_out(const Fold& fold, size_t count, std::vector<Step>& steps) {
+void fold_out(const Fold& fold, size_t base, size_t count, std::vector<Step>& steps) {
   if (fold.partner < 0 || count == 0) return;
   Step s;
   s.count = count;
   if (fold.new_rank < 0) {
     s.recv_peer = fold.partner;
-    s.dst = Span{Buf::Output, 0, count};
+    s.dst = Span{Buf::Output, base, count};
   } else {
     s.send_peer = fold.partner;
-    s.local = Span{Buf::Output, 0, count};
+    s.local = Span{Buf::Output, base, count};
   }
   steps.push_back(s);
 }
@@ -86,7 +86,7 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
   plan.algorithm = "rd";
   if (count == 0) return plan;
   const Fold fold(ctx);
-  Buf cur = fold_in(fold, count, plan.steps);
+  Buf cur = fold_in(fold, 0, count, plan.steps);
   if (fold.new_rank >= 0) {
     // Each round sends the running vector and reduces the partner's into a
     // different buffer, so nothing is overwritten while it is being sent.
@@ -108,22 +108,21 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
       plan.steps.back().wait_sends = true;
     }
   }
-  fold_out(fold, count, plan.steps);
+  fold_out(fold, 0, count, plan.steps);
   return plan;
 }
 
-Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
-  if (ctx.size == 1) return local_copy(count, in_place, finalize);
-  Plan plan;
-  plan.algorithm = "rhd";
-  if (count == 0) return plan;
-  const Fold fold(ctx);
-  const Buf start = fold_in(fold, count, plan.steps);
+namespace {
+
+// Rabenseifner over elements [base, base + count).
+void rabenseifner_round(const Fold& fold, size_t base, size_t count, bool finalize,
+                        std::vector<Step>& steps) {
+  const Buf start = fold_in(fold, base, count, steps);
   if (fold.new_rank >= 0) {
     const size_t parts = fold.group;
     auto blocks = [&](Buf buf, size_t lo, size_t hi) {
       const size_t at = part_offset(count, parts, lo);
-      return Span{buf, at, part_offset(count, parts, hi) - at};
+      return Span{buf, base + at, part_offset(count, parts, hi) - at};
     };
     // Reduce-scatter by recursive halving: keep the half of the current
     // block range that holds our position, send the other half.
@@ -138,7 +137,7 @@ Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place,
                          blocks(Buf::Output, keep_lo, keep_hi));
       s.operand = blocks(cur, keep_lo, keep_hi);
       s.finalize = finalize && mask == 1;
-      plan.steps.push_back(s);
+      steps.push_back(s);
       lo = keep_lo;
       hi = keep_hi;
       cur = Buf::Output;
@@ -151,12 +150,28 @@ Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place,
       const size_t theirs = static_cast<size_t>(partner) / mask * mask;
       Step s = swap_with(fold.rank_of(partner), blocks(Buf::Output, lo, hi),
                          blocks(Buf::Output, theirs, theirs + mask));
-      plan.steps.push_back(s);
+      steps.push_back(s);
       lo = std::min(lo, theirs);
       hi = lo + 2 * static_cast<size_t>(mask);
     }
   }
-  fold_out(fold, count, plan.steps);
+  fold_out(fold, base, count, steps);
+}
+
+}  // namespace
+
+Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
+  if (ctx.size == 1) return local_copy(count, in_place, finalize);
+  Plan plan;
+  plan.algorithm = "rhd";
+  const Fold fold(ctx);
+  // In rounds, as the ring goes: a round's halves are reduced and sent on
+  // while they are still in cache, where one pass over a large buffer per
+  // halving would read each half back from memory.
+  const size_t round_limit = chunk_limit(ctx) * fold.group;
+  for (size_t base = 0; base < count; base += round_limit) {
+    rabenseifner_round(fold, base, std::min(round_limit, count - base), finalize, plan.steps);
+  }
   return plan;
 }
 

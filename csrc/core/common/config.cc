@@ -88,6 +88,7 @@ Config parse() {
   c.shm_slots = env_long("WEFT_SHM_SLOTS", c.shm_slots);
   c.tcp_slot_bytes = env_long("WEFT_TCP_SLOT_BYTES", c.tcp_slot_bytes);
   c.tcp_slots = env_long("WEFT_TCP_SLOTS", c.tcp_slots);
+  c.tcp_geometry_set = env("WEFT_TCP_SLOT_BYTES") || env("WEFT_TCP_SLOTS");
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);

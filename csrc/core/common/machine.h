@@ -30,4 +30,14 @@ inline std::string cpu_identity(const std::string& host_id) {
   return id;
 }
 
+// How many CPUs a cpu_identity() names (0 where it names none).
+inline int cpu_count(const std::string& identity) {
+  const size_t colon = identity.rfind(':');
+  int count = 0;
+  for (size_t i = colon == std::string::npos ? 0 : colon + 1; i < identity.size(); ++i) {
+    count += identity[i] == ',';
+  }
+  return count;
+}
+
 }  // namespace weft

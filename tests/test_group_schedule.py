@@ -199,6 +199,35 @@ def test_allreduce(algorithm, size, in_place, step):
     run("allreduce", algorithm, size, 23, 8, "prod", in_place, step=step)
 
 
+def sends(algorithm, rank, size, count, elem, step):
+    """How many messages `rank` sends in an allreduce Plan."""
+    plan = C.group_schedule("allreduce", algorithm, rank, size, count, elem, max_step_bytes=step)
+    return sum(t[0] == "send" for a in plan["actions"] if a[0] == "batch" for t in a[1])
+
+
+@pytest.mark.parametrize("size", [3, 8])
+def test_tree_allreduce_splits_from_16_kib(size):
+    """Below 16 KiB one tree carries the buffer (each rank but the root sends once up, each rank
+    but the leaves once per child down: 2 (size - 1) messages); from there each half has its
+    own tree, twice the messages. Both must come out right."""
+    below, at = 16384 // 8 - 1, 16384 // 8
+    assert sum(sends("tree", r, size, below, 8, 1 << 20) for r in range(size)) == 2 * (size - 1)
+    assert sum(sends("tree", r, size, at, 8, 1 << 20) for r in range(size)) == 4 * (size - 1)
+    for count in (below, at):
+        run("allreduce", "tree", size, count, 8, "sum", False, step=1 << 20)
+
+
+def test_rhd_allreduce_goes_in_rounds_of_the_ring():
+    """Rounds of (elements per step) x (group size), each a whole halving and doubling: 2 log2(p)
+    exchanges per round."""
+    step, size = 256, 8
+    round_elems = step // 4 * size
+    for rounds in (1, 3):
+        count = rounds * round_elems - 5
+        assert sends("rhd", 0, size, count, 4, step) == rounds * 2 * 3
+        run("allreduce", "rhd", size, count, 4, "sum", True, step=step)
+
+
 def test_hierarchical_allreduce():
     for per_host in (2, 3):
         hosts = [r // per_host for r in range(2 * per_host)]

@@ -3,7 +3,8 @@
 // tree allreduce (as NCCL runs it) sends each half of the buffer up and down
 // its own binary tree; the second tree is the first shifted by one rank, so
 // most ranks that are leaves in one tree are inner nodes in the other and
-// every rank's links carry about the same load. Large buffers go in rounds
+// every rank's links carry about the same load (a buffer under 16 KiB takes
+// the first tree alone: see kDoubleTreeMinBytes). Large buffers go in rounds
 // whose chunks fit in half a connection's buffering, as in the ring.
 #include <algorithm>
 

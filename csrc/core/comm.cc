@@ -216,8 +216,8 @@ void Communicator::agree_on_sizes() {
   tcp_slot_bytes_ = cfg.tcp_slot_bytes;
   tcp_slots_ = cfg.tcp_slots;
   if (!cfg.tcp_geometry_set && most_ranks_per_cpu(*mesh_, size_) > kCrowdedRanksPerCpu) {
-    tcp_slot_bytes_ = std::min(tcp_slot_bytes_, kCrowdedTcpSlotBytes);
-    tcp_slots_ = std::min(tcp_slots_, kCrowdedTcpSlots);
+    tcp_slot_bytes_ = kCrowdedTcpSlotBytes;
+    tcp_slots_ = kCrowdedTcpSlots;
     WEFT_LOG(Info, rank_,
              "more than " << kCrowdedRanksPerCpu << " ranks per CPU: tcp slots of "
                           << tcp_slot_bytes_ << " bytes x " << tcp_slots_);

@@ -156,19 +156,19 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
   const int split = count * ctx.elem_size < kDoubleTreeMinBytes ? 1 : 2;
   for (size_t base = 0; base < count; base += split * limit) {
     const size_t round = std::min(split * limit, count - base);
-    Span half[2];
+    Span share[2];  // each tree's part of the round
     for (int t = 0; t < 2; ++t) {
-      half[t] = t < split ? Span{Buf::Output, base + part_offset(round, split, t),
-                                 part_count(round, split, t)}
-                          : Span{Buf::Output, base, 0};
+      share[t] = t < split ? Span{Buf::Output, base + part_offset(round, split, t),
+                                  part_count(round, split, t)}
+                           : Span{Buf::Output, base, 0};
     }
     for (int t = 0; t < 2; ++t) {
-      const Span in{Buf::Input, half[t].offset, half[t].count};
-      reduce_up(trees[t], in, half[t], half[t], finalize, plan.steps);
+      const Span in{Buf::Input, share[t].offset, share[t].count};
+      reduce_up(trees[t], in, share[t], share[t], finalize, plan.steps);
     }
     // In place, the broadcast overwrites Input that went up by reference;
     // the result that overwrites it exists only once that was consumed.
-    for (int t = 0; t < 2; ++t) broadcast_down(trees[t], half[t], plan.steps);
+    for (int t = 0; t < 2; ++t) broadcast_down(trees[t], share[t], plan.steps);
   }
   return plan;
 }

@@ -72,6 +72,14 @@ def test_tree_moves_twice_the_buffer_per_rank(name):
         assert per_byte[1] == pytest.approx(expected, rel=0.01)
 
 
+@pytest.mark.parametrize("size,levels", [(2, 1), (5, 1), (8, 2), (21, 2), (22, 3), (64, 3)])
+def test_small_buffers_take_one_wide_tree(size, levels):
+    # Under 16 KiB one tree of up to 4 children per rank: a latency up and one down per level.
+    m = model("vm-tcp")
+    alpha = m.tcp.alpha_s
+    assert topo.predict("tree", "allreduce", 0, flat(size), m) == pytest.approx(2 * levels * alpha)
+
+
 def test_hierarchical_wins_across_slow_host_links():
     # 2 hosts x 2 ranks, shared memory inside a host and a 1 Gbit/s link between them: every
     # flat family pushes ranks_per_host times more bytes over the host's link than hier.

@@ -199,10 +199,15 @@ def test_allreduce(algorithm, size, in_place, step):
     run("allreduce", algorithm, size, 23, 8, "prod", in_place, step=step)
 
 
+def peers(algorithm, rank, size, count, elem, step):
+    """The ranks `rank` sends to in an allreduce Plan, in order."""
+    plan = C.group_schedule("allreduce", algorithm, rank, size, count, elem, max_step_bytes=step)
+    return [t[1] for a in plan["actions"] if a[0] == "batch" for t in a[1] if t[0] == "send"]
+
+
 def sends(algorithm, rank, size, count, elem, step):
     """How many messages `rank` sends in an allreduce Plan."""
-    plan = C.group_schedule("allreduce", algorithm, rank, size, count, elem, max_step_bytes=step)
-    return sum(t[0] == "send" for a in plan["actions"] if a[0] == "batch" for t in a[1])
+    return len(peers(algorithm, rank, size, count, elem, step))
 
 
 @pytest.mark.parametrize("size", [3, 8])
@@ -212,6 +217,12 @@ def test_tree_allreduce_splits_from_16_kib(size):
     own tree, twice the messages. Both must come out right."""
     below, at = 16384 // 8 - 1, 16384 // 8
     assert sum(sends("tree", r, size, below, 8, 1 << 20) for r in range(size)) == 2 * (size - 1)
+    # The one tree is wide: rank 0 is the root of up to 4 children, rank p the parent of ranks
+    # 4p + 1 ... 4p + 4 (two levels for 8 ranks).
+    for r in range(size):
+        parent = [] if r == 0 else [(r - 1) // 4]
+        children = [c for c in range(4 * r + 1, 4 * r + 5) if c < size]
+        assert peers("tree", r, size, below, 8, 1 << 20) == parent + children
     assert sum(sends("tree", r, size, at, 8, 1 << 20) for r in range(size)) == 4 * (size - 1)
     for count in (below, at):
         run("allreduce", "tree", size, count, 8, "sum", False, step=1 << 20)

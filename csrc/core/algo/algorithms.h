@@ -62,6 +62,24 @@ Plan chain_reduce(const PlanContext& ctx, size_t count, int root, bool in_place,
 Plan binomial_reduce(const PlanContext& ctx, size_t count, int root, bool in_place, bool finalize);
 
 // Allreduce alternatives to the ring (same contract as ring_allreduce).
+// The tree allreduce splits a buffer of at least kDoubleTreeMinBytes over two
+// binary trees; a smaller one goes up and down one tree in which every rank
+// has up to kWideTreeFanout children (a parent's children send to it at
+// once, so a wide tree saves hops for the price of a few parallel messages).
+// Below kDoubleTreeMinBytes a second tree only doubles the messages: the
+// transfer time it saves is less than one message's latency (alpha / beta is
+// 40 KB over tcp and 16 KB over shared memory in the default cost model).
+constexpr size_t kDoubleTreeMinBytes = 16 << 10;
+constexpr int kWideTreeFanout = 4;
+// Levels below the root of the wide tree over `size` ranks.
+inline int wide_tree_depth(int size) {
+  int depth = 0;
+  for (long reach = 1, level = 1; reach < size; ++depth) {
+    level *= kWideTreeFanout;
+    reach += level;
+  }
+  return depth;
+}
 Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
                                   bool finalize);

@@ -191,6 +191,13 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           return 2 * log2_floor(topo.size) * shared.alpha_s +
                  2 * (p - 1.0) / p * S * shared.beta_s_per_b + (p - 1.0) / p * S * g + fold;
         case Algorithm::Tree:
+          if (S < algo::kDoubleTreeMinBytes) {
+            // One wide tree: on each level a parent's children send to it
+            // side by side (one latency), their bytes one after another.
+            const double k = std::min(n - 1, static_cast<double>(algo::kWideTreeFanout));
+            return algo::wide_tree_depth(topo.size) *
+                   (2 * shared.alpha_s + 2 * k * S * shared.beta_s_per_b + k * S * g);
+          }
           // A rank is an inner node of one tree and a leaf of the other: it
           // receives S/2 from each child and S/2 from its parent, and sends
           // S/2 to its parent and to each child, S/2 more as the other tree's

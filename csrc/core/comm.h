@@ -137,6 +137,7 @@ class Communicator {
   // use anywhere in the world, so that all ranks build matching Plans.
   size_t slice_bytes_ = 0;
   size_t step_limit_bytes_ = 0;
+  size_t yielding_step_bytes_ = 0;  // OpContext::yielding_step_bytes
   // Every tcp connection's staging geometry (agree_on_sizes()).
   size_t tcp_slot_bytes_ = 0;
   int tcp_slots_ = 0;

@@ -14,24 +14,17 @@
 namespace weft {
 namespace {
 
-// Waits of steps up to this size, on the caller's thread, are for a peer's
-// turn on a CPU more than for bytes, so they yield before sleeping on sockets
-// (Backoff::SocketWait). 8 ranks on 2 cores over tcp, medians of 6 launches:
-// a 16 B allreduce took 204 us so, 297 us sleeping; 1 MiB 2.8 ms, 3.7 ms.
-// Larger steps keep sleeping: with every wait yielding, 16-64 MiB
-// allreduces were 5-12 % slower.
-constexpr size_t kYieldingStepBytes = 256 << 10;
-
-Backoff::SocketWait socket_wait(const Plan& plan, size_t elem) {
+Backoff::SocketWait socket_wait(const Plan& plan, const OpContext& op) {
   if (cpu_placement::on_worker_thread()) return Backoff::SocketWait::Sleep;
+  const size_t elem = element_size(op.dtype);
   size_t largest = 0;
   for (const Step& s : plan.steps) {
     for (const std::optional<Span>& span : {s.local, s.dst}) {
       if (span) largest = std::max(largest, span->count);
     }
   }
-  return largest * elem <= kYieldingStepBytes ? Backoff::SocketWait::Yield
-                                              : Backoff::SocketWait::Sleep;
+  return largest * elem <= op.yielding_step_bytes ? Backoff::SocketWait::Yield
+                                                  : Backoff::SocketWait::Sleep;
 }
 
 // The state of one Plan run: buffers, the peers it touches, waiting.
@@ -47,7 +40,7 @@ class Run {
         buffers_(buffers),
         op_(op),
         elem_(element_size(op.dtype)),
-        backoff_(op.timeout_s, socket_wait(plan, elem_)) {
+        backoff_(op.timeout_s, socket_wait(plan, op)) {
     std::vector<bool> seen(conns_.size(), false);
     for (const Step& s : plan.steps) {
       for (int peer : {s.recv_peer, s.send_peer}) {

@@ -32,6 +32,10 @@ struct OpContext {
   bool streaming;  // write user outputs with non-temporal stores
   // Largest message: the same on every rank, at most any connection's slot.
   size_t slice_bytes;
+  // A Plan whose steps are all at most this size, run on the caller's
+  // thread, waits on sockets by yielding before it sleeps
+  // (Backoff::SocketWait::Yield); larger ones sleep soon.
+  size_t yielding_step_bytes;
   uint64_t signature;  // tags this operation's messages (op_signature.h)
 };
 

@@ -199,9 +199,18 @@ def test_allreduce(algorithm, size, in_place, step):
     run("allreduce", algorithm, size, 23, 8, "prod", in_place, step=step)
 
 
-def peers(algorithm, rank, size, count, elem, step):
+def peers(algorithm, rank, size, count, elem, step, hosts=None):
     """The ranks `rank` sends to in an allreduce Plan, in order."""
-    plan = C.group_schedule("allreduce", algorithm, rank, size, count, elem, max_step_bytes=step)
+    plan = C.group_schedule(
+        "allreduce",
+        algorithm,
+        rank,
+        size,
+        count,
+        elem,
+        max_step_bytes=step,
+        hosts=hosts or [0] * size,
+    )
     return [t[1] for a in plan["actions"] if a[0] == "batch" for t in a[1] if t[0] == "send"]
 
 
@@ -223,6 +232,9 @@ def test_tree_allreduce_splits_from_16_kib(size):
         parent = [] if r == 0 else [(r - 1) // 4]
         children = [c for c in range(4 * r + 1, 4 * r + 5) if c < size]
         assert peers("tree", r, size, below, 8, 1 << 20) == parent + children
+    # Across hosts it is the in-order binary tree, which crosses between two blocks of ranks
+    # once: with 2 hosts of 2 ranks, rank 2 is the root and sends to its children 1 and 3.
+    assert peers("tree", 2, 4, below, 8, 1 << 20, hosts=[0, 0, 1, 1]) == [1, 3]
     assert sum(sends("tree", r, size, at, 8, 1 << 20) for r in range(size)) == 4 * (size - 1)
     for count in (below, at):
         run("allreduce", "tree", size, count, 8, "sum", False, step=1 << 20)

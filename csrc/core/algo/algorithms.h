@@ -63,9 +63,10 @@ Plan binomial_reduce(const PlanContext& ctx, size_t count, int root, bool in_pla
 
 // Allreduce alternatives to the ring (same contract as ring_allreduce).
 // The tree allreduce splits a buffer of at least kDoubleTreeMinBytes over two
-// binary trees; a smaller one goes up and down one tree in which every rank
-// has up to kWideTreeFanout children (a parent's children send to it at
-// once, so a wide tree saves hops for the price of a few parallel messages).
+// binary trees; a smaller one goes up and down one tree: on one host a tree
+// in which every rank has up to kWideTreeFanout children (a parent's
+// children send to it at once, so a wide tree saves hops for the price of a
+// few parallel messages), across hosts the first binary tree.
 // Below kDoubleTreeMinBytes a second tree only doubles the messages: the
 // transfer time it saves is less than one message's latency (alpha / beta is
 // 40 KB over tcp and 16 KB over shared memory in the default cost model).

@@ -191,7 +191,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           return 2 * log2_floor(topo.size) * shared.alpha_s +
                  2 * (p - 1.0) / p * S * shared.beta_s_per_b + (p - 1.0) / p * S * g + fold;
         case Algorithm::Tree:
-          if (S < algo::kDoubleTreeMinBytes) {
+          if (S < algo::kDoubleTreeMinBytes && topo.hosts == 1) {
             // One wide tree: on each level a parent's children send to it
             // side by side (one latency), their bytes one after another.
             const double k = std::min(n - 1, static_cast<double>(algo::kWideTreeFanout));

@@ -14,17 +14,17 @@
 namespace weft {
 namespace {
 
-Backoff::SocketWait socket_wait(const Plan& plan, const OpContext& op) {
+// OpContext::yielding_step_bytes says which Plans yield.
+Backoff::SocketWait socket_wait(const Plan& plan, size_t elem, size_t yielding_step_bytes) {
   if (cpu_placement::on_worker_thread()) return Backoff::SocketWait::Sleep;
-  const size_t elem = element_size(op.dtype);
   size_t largest = 0;
   for (const Step& s : plan.steps) {
     for (const std::optional<Span>& span : {s.local, s.dst}) {
       if (span) largest = std::max(largest, span->count);
     }
   }
-  return largest * elem <= op.yielding_step_bytes ? Backoff::SocketWait::Yield
-                                                  : Backoff::SocketWait::Sleep;
+  return largest * elem <= yielding_step_bytes ? Backoff::SocketWait::Yield
+                                               : Backoff::SocketWait::Sleep;
 }
 
 // The state of one Plan run: buffers, the peers it touches, waiting.
@@ -40,7 +40,7 @@ class Run {
         buffers_(buffers),
         op_(op),
         elem_(element_size(op.dtype)),
-        backoff_(op.timeout_s, socket_wait(plan, op)) {
+        backoff_(op.timeout_s, socket_wait(plan, elem_, op.yielding_step_bytes)) {
     std::vector<bool> seen(conns_.size(), false);
     for (const Step& s : plan.steps) {
       for (int peer : {s.recv_peer, s.send_peer}) {

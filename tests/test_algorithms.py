@@ -199,3 +199,93 @@ def test_a_choosing_communicator_times_every_rival_family(pools, size, transport
     cheapest = min(at_64, key=at_64.get)
     assert first["choice_64"] == (cheapest, at_64[cheapest])
     assert all(r["forced_measured"] == [] for r in reports)
+
+
+def case_trials(ctx, collective, count):
+    """A choosing communicator's first calls of `collective` at a new size: each result right
+    while the tuner tries families on them, then the family the trials chose."""
+    comm = weft.Communicator(
+        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("trials"), timeout=COMM_TIMEOUT_S
+    )
+    forced = weft.Communicator(
+        ctx.store,
+        ctx.rank,
+        ctx.size,
+        name=ctx.fresh_name("ring"),
+        timeout=COMM_TIMEOUT_S,
+        algo="ring",
+    )
+    nbytes, n = count * 4, ctx.size
+    report = {
+        "trying_before": comm.trying(collective, nbytes),
+        "forced_trying": forced.trying(collective, nbytes),
+        "broadcast_trying": comm.trying("broadcast", nbytes),
+        "wrong": [],
+    }
+    calls = 0
+    base = np.arange(count * n, dtype=np.float32)  # integers: every order of sums is exact
+    while comm.trying(collective, nbytes) and calls < 200:
+        mine = base * (ctx.rank + 1) + calls
+        everyone = base * (n * (n + 1) // 2) + n * calls
+        if collective == "allreduce":
+            got, want = comm.allreduce(mine[:count].copy()), everyone[:count]
+        elif collective == "reduce_scatter":
+            got = comm.reduce_scatter(mine, out=np.empty(count, np.float32))
+            want = everyone[ctx.rank * count : (ctx.rank + 1) * count]
+        else:
+            block = mine[ctx.rank * count : (ctx.rank + 1) * count]
+            got = comm.allgather(block.copy(), out=np.empty(count * n, np.float32))
+            want = np.concatenate(
+                [base[r * count : (r + 1) * count] * (r + 1) + calls for r in range(n)]
+            )
+        if not np.array_equal(got, want):
+            report["wrong"].append(calls)
+        calls += 1
+    report.update(
+        calls=calls,
+        chosen=comm.algorithm(collective, nbytes),
+        # The range is [2^k, 2^(k+1)) bytes: one element more is decided, a size twice as
+        # large is not begun.
+        chosen_next=comm.algorithm(collective, nbytes + 4),
+        trying_next=comm.trying(collective, nbytes + 4),
+        trying_double=comm.trying(collective, 2 * nbytes),
+        families=topo.algorithms_for(collective, comm.topology),
+    )
+    return report
+
+
+@pytest.mark.parametrize(
+    ("size", "transport", "collective", "count"),
+    [
+        (4, "tcp-small", "allreduce", 1031),
+        (3, "shm-small", "allreduce", 17),
+        (4, "tcp-small", "reduce_scatter", 257),
+        (4, "tcp-small", "allgather", 257),
+        (4, "hosts-of-2", "allreduce", 5),
+    ],
+    ids=[
+        "ws4-tcp-allreduce",
+        "ws3-shm-allreduce",
+        "ws4-reduce_scatter",
+        "ws4-allgather",
+        "ws4-hosts-allreduce",
+    ],
+)
+def test_trials_choose_one_family_for_every_rank(pools, size, transport, collective, count):
+    # The first calls at each power-of-two range of sizes are trials of the families the model
+    # finds close (family_trials.h): every result is right, every rank ends after the same
+    # calls (at most 4 families x 2 rounds x 8 calls) with the same family, which the whole
+    # range then runs. Forced communicators, and collectives the trials leave alone, try
+    # nothing.
+    reports = pools.get(size, transport).run(case_trials, collective, count)
+    first = reports[0]
+    assert all(r["wrong"] == [] for r in reports), [r["wrong"] for r in reports]
+    assert first["trying_before"] and not first["forced_trying"] and not first["broadcast_trying"]
+    assert all(r["calls"] == first["calls"] for r in reports)
+    # One call where the model finds no rival close; otherwise at least 2 families x 2 rounds
+    # x 4 calls.
+    assert first["calls"] == 1 or 16 <= first["calls"] <= 64, first
+    assert all(r["chosen"] == first["chosen"] for r in reports)
+    assert first["chosen"][0] in first["families"] and first["chosen"][1] > 0
+    assert first["chosen_next"] == first["chosen"] and not first["trying_next"]
+    assert first["trying_double"]

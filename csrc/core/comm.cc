@@ -9,6 +9,7 @@
 
 #include "core/algo/algorithms.h"
 #include "core/common/config.h"
+#include "core/common/deadline.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
 #include "core/common/machine.h"
@@ -147,6 +148,9 @@ void Communicator::connect(Store& store, const std::string& name) {
   p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s(),
                                      [this](const std::string& error) { fail(error); });
   cost_model_ = tuned_cost_model();
+  if (forced_algorithm_ == Algorithm::Auto && config().tune != "off") {
+    trials_ = std::make_unique<FamilyTrials>(topology_, cost_model_, rank_);
+  }
 }
 
 CostModel Communicator::tuned_cost_model() {
@@ -314,7 +318,14 @@ void Communicator::learn_topology() {
 }
 
 Choice Communicator::choice(Collective c, size_t bytes) const {
+  if (trials_) {
+    if (std::optional<Choice> chosen = trials_->decided(c, bytes)) return *chosen;
+  }
   return choose(c, bytes, topology_, cost_model_, forced_algorithm_);
+}
+
+bool Communicator::trying(Collective c, size_t bytes) const {
+  return trials_ && trials_->trying(c, bytes);
 }
 
 std::string Communicator::transport_to(int peer) const {
@@ -324,41 +335,41 @@ std::string Communicator::transport_to(int peer) const {
 
 Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bool in_place,
                         bool finalize, size_t max_step_bytes) const {
-  return make_plan(PlanKey{c, count, element_size(dtype), root, in_place, finalize}, dtype,
-                   max_step_bytes, false);
+  // Plans for an executor elsewhere choose by the link model alone: the
+  // timed Plans and the trials are of this communicator's executor.
+  const Choice choice =
+      choose(c, count * element_size(dtype), topology_, links_only(cost_model_), forced_algorithm_);
+  return make_plan(PlanKey{c, count, element_size(dtype), root, in_place, finalize},
+                   choice.algorithm, dtype, max_step_bytes, false);
 }
 
 PlanContext Communicator::plan_context(DataType dtype) const {
   return PlanContext{rank_, size_, element_size(dtype), step_limit_bytes_, host_of_rank_};
 }
 
-Plan Communicator::make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes,
+Plan Communicator::make_plan(const PlanKey& key, Algorithm a, DataType dtype, size_t max_step_bytes,
                              bool buffered_sends) const {
   const auto [c, count, elem_size, root, in_place, finalize] = key;
   PlanContext ctx = plan_context(dtype);
   if (max_step_bytes > 0) ctx.max_step_bytes = max_step_bytes;
   ctx.buffered_sends = buffered_sends;
   if (c == Collective::Barrier) return algo::barrier(ctx);
-  // Plans for an executor elsewhere (the nccl transport's) choose by the
-  // link model alone: the timed Plans are of this communicator's executor.
-  const Choice choice = buffered_sends ? this->choice(c, count * elem_size)
-                                       : choose(c, count * elem_size, topology_,
-                                                links_only(cost_model_), forced_algorithm_);
   WEFT_LOG(Info, rank_,
-           to_string(c) << " of " << count * elem_size << " bytes: algorithm "
-                        << to_string(choice.algorithm) << ", predicted " << choice.predicted_s * 1e6
+           to_string(c) << " of " << count * elem_size << " bytes: algorithm " << to_string(a)
+                        << ", predicted "
+                        << choose(c, count * elem_size, topology_, cost_model_, a).predicted_s * 1e6
                         << " us");
-  return algo::plan_for(c, choice.algorithm, ctx, count, root, in_place, finalize);
+  return algo::plan_for(c, a, ctx, count, root, in_place, finalize);
 }
 
-const Plan& Communicator::cached_plan(const PlanKey& key, DataType dtype) {
+const Plan& Communicator::cached_plan(const PlanKey& key, Algorithm a, DataType dtype) {
   // A loop over ever new sizes must not grow the cache without bound; a
   // steady workload uses far fewer Plans than this.
   constexpr size_t kMostCachedPlans = 1024;
-  auto it = plans_.find(key);
+  auto it = plans_.find({key, a});
   if (it == plans_.end()) {
     if (plans_.size() >= kMostCachedPlans) plans_.clear();
-    it = plans_.emplace(key, make_plan(key, dtype)).first;
+    it = plans_.emplace(std::make_pair(key, a), make_plan(key, a, dtype)).first;
   }
   return it->second;
 }
@@ -443,6 +454,30 @@ std::shared_ptr<Work> Communicator::submit(const char* name, const void* in, voi
       async);
 }
 
+std::shared_ptr<Work> Communicator::submit_chosen(const char* name, const PlanKey& key,
+                                                  const void* in, void* out, DataType dtype,
+                                                  ReduceOp op, size_t out_bytes, bool async) {
+  check_usable();
+  return queue_.submit(
+      [=](uint64_t seq, Work&) {
+        check_usable();
+        const Collective c = std::get<0>(key);
+        const size_t bytes = std::get<1>(key) * std::get<2>(key);
+        if (!trials_) {
+          execute(name, seq, cached_plan(key, choice(c, bytes).algorithm, dtype), in, out, dtype,
+                  op, out_bytes);
+          return;
+        }
+        const Plan& plan = cached_plan(key, trials_->next(c, bytes), dtype);
+        const double start = now_s();
+        execute(name, seq, plan, in, out, dtype, op, out_bytes);
+        trials_->record(c, bytes, now_s() - start, [&](const std::vector<double>& mine) {
+          return max_over_ranks(tuning_runner(seq), rank_, size_, mine);
+        });
+      },
+      async);
+}
+
 void Communicator::check_root(int root, const char* what) const {
   if (root < 0 || root >= size_) {
     throw InvalidArgument(std::string(what) + ": root " + std::to_string(root) +
@@ -463,8 +498,7 @@ std::shared_ptr<Work> Communicator::allreduce(const void* in, void* out, size_t 
   const size_t bytes = count * element_size(dtype);
   check_apart("allreduce", in, bytes, out, bytes, 0);
   PlanKey key{Collective::Allreduce, count, element_size(dtype), 0, in == out, op == ReduceOp::Avg};
-  return submit("allreduce", in, out, dtype, op, bytes, async,
-                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+  return submit_chosen("allreduce", key, in, out, dtype, op, bytes, async);
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, size_t count,
@@ -473,8 +507,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter(const void* in, void* out, si
   check_apart("reduce_scatter", in, size_ * bytes, out, bytes,
               -static_cast<ptrdiff_t>(rank_ * bytes));
   PlanKey key{Collective::ReduceScatter, count, element_size(dtype), 0, false, op == ReduceOp::Avg};
-  return submit("reduce_scatter", in, out, dtype, op, bytes, async,
-                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+  return submit_chosen("reduce_scatter", key, in, out, dtype, op, bytes, async);
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t count,
@@ -484,16 +517,16 @@ std::shared_ptr<Work> Communicator::allgather(const void* in, void* out, size_t 
   check_apart("allgather", in, count * elem, out, size_ * count * elem,
               static_cast<ptrdiff_t>(rank_ * count * elem));
   PlanKey key{Collective::Allgather, count, elem, 0, in_place, false};
-  return submit("allgather", in, out, dtype, ReduceOp::Sum, size_ * count * elem, async,
-                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+  return submit_chosen("allgather", key, in, out, dtype, ReduceOp::Sum, size_ * count * elem,
+                       async);
 }
 
 std::shared_ptr<Work> Communicator::broadcast(void* buf, size_t count, DataType dtype, int root,
                                               bool async) {
   check_root(root, "broadcast");
   PlanKey key{Collective::Broadcast, count, element_size(dtype), root, true, false};
-  return submit("broadcast", buf, buf, dtype, ReduceOp::Sum, count * element_size(dtype), async,
-                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+  return submit_chosen("broadcast", key, buf, buf, dtype, ReduceOp::Sum,
+                       count * element_size(dtype), async);
 }
 
 std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t count, DataType dtype,
@@ -502,14 +535,14 @@ std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t cou
   const size_t bytes = count * element_size(dtype);
   check_apart("reduce", in, bytes, out, bytes, 0);
   PlanKey key{Collective::Reduce, count, element_size(dtype), root, in == out, op == ReduceOp::Avg};
-  return submit("reduce", in, out, dtype, op, bytes, async,
-                [this, key, dtype]() -> const Plan& { return cached_plan(key, dtype); });
+  return submit_chosen("reduce", key, in, out, dtype, op, bytes, async);
 }
 
 std::shared_ptr<Work> Communicator::barrier(bool async) {
   PlanKey key{Collective::Barrier, 0, 1, 0, true, false};
-  return submit("barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0, async,
-                [this, key]() -> const Plan& { return cached_plan(key, DataType::UInt8); });
+  return submit(
+      "barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0, async,
+      [this, key]() -> const Plan& { return cached_plan(key, Algorithm::Auto, DataType::UInt8); });
 }
 
 std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,

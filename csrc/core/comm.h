@@ -26,6 +26,7 @@
 #include "core/exec/work.h"
 #include "core/transport/connection.h"
 #include "core/tune/cost_model.h"
+#include "core/tune/family_trials.h"
 #include "core/tune/probe.h"
 
 namespace weft {
@@ -50,8 +51,12 @@ class Communicator {
   // "shm" or "tcp" for each peer, "self" for this rank.
   std::string transport_to(int peer) const;
   // The algorithm an operation of `bytes` per rank runs, and its predicted
-  // time (the same on every rank).
+  // time (the same on every rank); once the trials of `bytes`' range ended
+  // (family_trials.h), the family they chose and its median call.
   Choice choice(Collective c, size_t bytes) const;
+  // Whether calls of `c` on `bytes` per rank are still trials of families
+  // (or would begin them).
+  bool trying(Collective c, size_t bytes) const;
   const Topology& topology() const { return topology_; }
   // This rank's Plan of `c` over `count` elements of `dtype`, in the family
   // the tuner (or WEFT_ALGO) picks by the link model alone, for executors of
@@ -111,8 +116,8 @@ class Communicator {
   // Runs the tuner's Plans as operation `seq` (one sequence number for all).
   RunPlan tuning_runner(uint64_t seq);
   PlanContext plan_context(DataType dtype) const;
-  const Plan& cached_plan(const PlanKey& key, DataType dtype);
-  Plan make_plan(const PlanKey& key, DataType dtype, size_t max_step_bytes = 0,
+  const Plan& cached_plan(const PlanKey& key, Algorithm a, DataType dtype);
+  Plan make_plan(const PlanKey& key, Algorithm a, DataType dtype, size_t max_step_bytes = 0,
                  bool buffered_sends = true) const;
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what, bool allow_any) const;
@@ -121,6 +126,11 @@ class Communicator {
   template <typename MakePlan>
   std::shared_ptr<Work> submit(const char* name, const void* in, void* out, DataType dtype,
                                ReduceOp op, size_t out_bytes, bool async, MakePlan make);
+  // Queues a collective whose family is chosen per call: by the trials
+  // while they run (timing the call for them), then by what they chose.
+  std::shared_ptr<Work> submit_chosen(const char* name, const PlanKey& key, const void* in,
+                                      void* out, DataType dtype, ReduceOp op, size_t out_bytes,
+                                      bool async);
   void execute(const char* name, uint64_t seq, const Plan& plan, const void* in, void* out,
                DataType dtype, ReduceOp op, size_t out_bytes);
   OpContext op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
@@ -146,12 +156,13 @@ class Communicator {
   Topology topology_;
   CostModel cost_model_;
   Algorithm forced_algorithm_ = Algorithm::Auto;
+  std::unique_ptr<FamilyTrials> trials_;  // null where a family is forced or WEFT_TUNE=off
   std::unique_ptr<Mesh> mesh_;
   std::vector<std::unique_ptr<Connection>> collective_conns_;
   std::vector<std::unique_ptr<Connection>> p2p_conns_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<P2pEngine> p2p_;
-  std::map<PlanKey, Plan> plans_;  // touched only by the running op
+  std::map<std::pair<PlanKey, Algorithm>, Plan> plans_;  // touched only by the running op
   char barrier_byte_ = 0;
 
   mutable std::mutex abort_mu_;

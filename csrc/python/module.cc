@@ -132,6 +132,10 @@ class PyCommunicator {
     return py::make_tuple(to_string(c.algorithm), c.predicted_s);
   }
 
+  bool trying(const std::string& collective, size_t nbytes) const {
+    return comm_->trying(parse_collective(collective), nbytes);
+  }
+
   py::object allreduce(const py::object& buf, const std::string& op, const py::object& out,
                        bool async_) {
     ReduceOp rop = parse_reduce_op(op);
@@ -410,7 +414,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("topology", &PyCommunicator::topology)
       .def("algorithm", &PyCommunicator::algorithm, py::arg("collective"), py::arg("nbytes"),
            "(algorithm, predicted seconds) of `collective` ('allreduce', 'broadcast', ...) on "
-           "`nbytes` per rank.")
+           "`nbytes` per rank; once the trials of `nbytes`' power-of-two range ended, the "
+           "family they chose and its measured median call.")
+      .def("trying", &PyCommunicator::trying, py::arg("collective"), py::arg("nbytes"),
+           "Whether the next calls of `collective` on `nbytes` per rank are trials of algorithm "
+           "families (the first calls in each power-of-two range of sizes, where the tuner "
+           "chooses; see README, 'Algorithms and the tuner').")
       .def("allreduce", &PyCommunicator::allreduce, py::arg("buf"), py::arg("op") = "sum",
            py::arg("out") = py::none(), py::arg("async_") = false)
       .def("reduce_scatter", &PyCommunicator::reduce_scatter, py::arg("buf"), py::arg("op") = "sum",

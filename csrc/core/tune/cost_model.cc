@@ -269,17 +269,24 @@ double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
 
 }  // namespace
 
+std::vector<Choice> ranked_choices(Collective c, size_t bytes, const Topology& topo,
+                                   const CostModel& model) {
+  std::vector<Choice> out;
+  for (Algorithm a : algorithms_for(c, topo))
+    out.push_back({a, expected(a, c, bytes, topo, model)});
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Choice& x, const Choice& y) { return x.predicted_s < y.predicted_s; });
+  return out;
+}
+
 Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
               Algorithm forced) {
   if (forced != Algorithm::Auto && has_form(forced, c, topo)) {
     return Choice{forced, expected(forced, c, bytes, topo, model)};
   }
-  Choice best{Algorithm::Auto, std::numeric_limits<double>::infinity()};
-  for (Algorithm a : algorithms_for(c, topo)) {
-    const double t = expected(a, c, bytes, topo, model);
-    if (t < best.predicted_s) best = Choice{a, t};
-  }
-  return best;
+  const std::vector<Choice> ranked = ranked_choices(c, bytes, topo, model);
+  if (ranked.empty()) return Choice{Algorithm::Auto, std::numeric_limits<double>::infinity()};
+  return ranked.front();
 }
 
 }  // namespace weft

@@ -98,5 +98,8 @@ struct Choice {
 // adds from there.
 Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
               Algorithm forced = Algorithm::Auto);
+// Every family with a form for `c`, costed as choose() costs them, cheapest first.
+std::vector<Choice> ranked_choices(Collective c, size_t bytes, const Topology& topo,
+                                   const CostModel& model);
 
 }  // namespace weft

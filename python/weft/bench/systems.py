@@ -47,6 +47,11 @@ class System:
         says."""
         return None
 
+    def trying(self, op: str, block_bytes: int) -> bool:
+        """Whether the next calls of `op` at `block_bytes` are still the system's own trials of
+        algorithms (weft's tuner tries families on its first calls at each size)."""
+        return False
+
     def close(self) -> None:
         pass
 
@@ -101,6 +106,15 @@ class Weft(System):
         if not weft.algorithms(collective, self.hosts):
             return None
         return self.comm.algorithm(collective, block_bytes)[0]
+
+    def trying(self, op, block_bytes):
+        import weft
+        from weft.bench.ops import OPS
+
+        collective = OPS[op].collective
+        if not weft.algorithms(collective, self.hosts):
+            return False
+        return self.comm.trying(collective, block_bytes)
 
 
 class TorchDistributed(System):

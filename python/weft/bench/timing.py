@@ -1,7 +1,9 @@
 """The measurement loop every system runs, in every rank, on the same plan.
 
 Per op, size and form: one checked call on patterned inputs (with -c), `warmup` untimed calls
-on zeroed buffers (zeros stay zeros however often they are reduced), the system's barrier, then
+on zeroed buffers (zeros stay zeros however often they are reduced), more untimed calls while
+the system still tries algorithms at that size (weft's tuner; at most MAX_TRIAL_CALLS, the
+count recorded as "trial_calls"), the system's barrier, then
 `iters` timed calls (more at small sizes with --iter-bytes, see timed_calls), the clock stopped
 once the last one is done. A rank's time per call is the elapsed time / iters (nccl-tests'
 mean); the caller takes the slowest rank's (results.py).
@@ -22,6 +24,9 @@ import torch
 from weft.bench import ops
 from weft.bench.sizes import timed_calls
 from weft.bench.systems import System, Unsupported
+
+# Bounds the extra warmup for a system's trials (weft's: at most 4 families x 2 rounds x 8).
+MAX_TRIAL_CALLS = 64
 
 
 def run_plan(
@@ -84,6 +89,11 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
     output.zero_()
     for _ in range(plan["warmup"]):
         call()
+    block_bytes = shape.block * dtype.itemsize
+    trial_calls = 0
+    while trial_calls < MAX_TRIAL_CALLS and system.trying(op.name, block_bytes):
+        call()
+        trial_calls += 1
     system.sync()
     system.barrier()
     iters = timed_calls(plan, shape.count * dtype.itemsize)
@@ -101,7 +111,9 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         "time_s": elapsed / iters,
         "wrong": wrong,
     }
-    algorithm = system.algorithm(op.name, shape.block * dtype.itemsize)
+    algorithm = system.algorithm(op.name, block_bytes)
     if algorithm:
         record["algorithm"] = algorithm
+    if trial_calls:
+        record["trial_calls"] = trial_calls
     return record

@@ -1,0 +1,139 @@
+#include "core/tune/family_trials.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/common/log.h"
+
+namespace weft {
+namespace {
+
+// Each candidate runs in blocks of calls back to back, as a workload runs
+// them: a tree's leaves start the next call while its root still sends, which
+// calls that alternate between families would not show (8 ranks on 2 cores
+// at 16 MiB: the tree's median call took 86 ms alternating, 47 back to back).
+// A block's first call is untimed: it waits for the ranks still finishing the
+// block before, and touches pages and Plans the others have not.
+constexpr int kRounds = 2;
+// Calls per block: as many as fit this budget at the model's figures, within
+// [kFewestBlockCalls, kMostBlockCalls]. Small calls jitter by their whole
+// length when a rank waits for a CPU, so they get more.
+constexpr double kTrialBudget_s = 0.1;
+constexpr int kFewestBlockCalls = 4;
+constexpr int kMostBlockCalls = 8;
+
+int log2_floor(size_t n) {
+  int k = 0;
+  while (n >>= 1) ++k;
+  return k;
+}
+
+}  // namespace
+
+FamilyTrials::FamilyTrials(const Topology& topo, const CostModel& model, int rank)
+    : topo_(topo), model_(model), rank_(rank) {}
+
+bool FamilyTrials::tried(Collective c) {
+  return c == Collective::Allreduce || c == Collective::ReduceScatter || c == Collective::Allgather;
+}
+
+FamilyTrials::Key FamilyTrials::key(Collective c, size_t bytes) {
+  return {c, bytes == 0 ? -1 : log2_floor(bytes)};
+}
+
+FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, fresh] = ranges_.try_emplace(key(c, bytes));
+  Range& r = it->second;
+  if (!fresh) return r;
+  const std::vector<Choice> ranked = ranked_choices(c, bytes, topo_, model_);
+  if (ranked.empty()) {  // a barrier: nothing to choose
+    r.decided = Choice{Algorithm::Auto, 0};
+    return r;
+  }
+  double expected_round = 0;
+  for (const Choice& choice : ranked) {
+    if (choice.predicted_s > kCloseFactor * ranked.front().predicted_s) break;
+    if (r.candidates.size() == kMostCandidates) break;
+    r.candidates.push_back(choice.algorithm);
+    expected_round += choice.predicted_s;
+  }
+  // Nothing to try between (or nothing to time): the model's choice stands.
+  if (!tried(c) || r.candidates.size() < 2 || bytes == 0) {
+    r.decided = ranked.front();
+    return r;
+  }
+  const double fit = std::ceil(kTrialBudget_s / (kRounds * std::max(expected_round, 1e-9)));
+  r.block_calls = static_cast<int>(std::clamp<double>(fit, kFewestBlockCalls, kMostBlockCalls));
+  r.best_block_s.assign(r.candidates.size(), std::numeric_limits<double>::infinity());
+  WEFT_LOG(Info, rank_, [&] {
+    std::string line = std::string(to_string(c)) + " of " + std::to_string(bytes) +
+                       " bytes: trying, " + std::to_string(r.block_calls) + " calls in a row each:";
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      line += std::string(" ") + to_string(ranked[i].algorithm) + " (predicted " +
+              std::to_string(ranked[i].predicted_s * 1e6) + " us)";
+    }
+    return line;
+  }());
+  return r;
+}
+
+Algorithm FamilyTrials::next(Collective c, size_t bytes) {
+  Range& r = range(c, bytes);
+  if (r.decided) return r.decided->algorithm;
+  return r.candidates[(r.calls / r.block_calls) % r.candidates.size()];
+}
+
+void FamilyTrials::record(Collective c, size_t bytes, double seconds,
+                          const SlowestOverRanks& slowest) {
+  Range& r = range(c, bytes);
+  if (r.decided) return;
+  const int in_block = r.calls % r.block_calls;
+  if (in_block > 0) r.block_s += seconds;
+  if (in_block == r.block_calls - 1) {
+    double& best = r.best_block_s[(r.calls / r.block_calls) % r.candidates.size()];
+    best = std::min(best, r.block_s / (r.block_calls - 1));
+    r.block_s = 0;
+  }
+  ++r.calls;
+  if (r.calls == kRounds * r.block_calls * static_cast<int>(r.candidates.size())) {
+    decide(r, c, bytes, slowest);
+  }
+}
+
+void FamilyTrials::decide(Range& r, Collective c, size_t bytes, const SlowestOverRanks& slowest) {
+  const std::vector<double> agreed = slowest(r.best_block_s);
+  size_t best = 0;
+  for (size_t i = 1; i < agreed.size(); ++i) {
+    if (agreed[i] < agreed[best]) best = i;
+  }
+  WEFT_LOG(Info, rank_, [&] {
+    std::string line = std::string(to_string(c)) + " of " + std::to_string(bytes) +
+                       " bytes and its power-of-two range: trials chose " +
+                       to_string(r.candidates[best]) + " (per call, back to back:";
+    for (size_t i = 0; i < agreed.size(); ++i) {
+      line += std::string(" ") + to_string(r.candidates[i]) + " " +
+              std::to_string(agreed[i] * 1e6) + " us";
+    }
+    return line + ")";
+  }());
+  std::lock_guard<std::mutex> lock(mu_);
+  r.decided = Choice{r.candidates[best], agreed[best]};
+}
+
+std::optional<Choice> FamilyTrials::decided(Collective c, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranges_.find(key(c, bytes));
+  if (it == ranges_.end()) return std::nullopt;
+  return it->second.decided;
+}
+
+bool FamilyTrials::trying(Collective c, size_t bytes) const {
+  if (!tried(c)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranges_.find(key(c, bytes));
+  return it == ranges_.end() || !it->second.decided;
+}
+
+}  // namespace weft

@@ -5,7 +5,8 @@
 // So the first calls of allreduce, reduce-scatter and allgather in each
 // power-of-two range of sizes run, in turns of a few calls each, every family
 // the model expects within kCloseFactor of the cheapest; then the ranks agree
-// on the one whose slowest rank took least per call, and run it from then on.
+// on the one whose slowest rank took least per call on average, and run it
+// from then on.
 #pragma once
 
 #include <cstddef>
@@ -54,9 +55,7 @@ class FamilyTrials {
     std::vector<Algorithm> candidates;
     int block_calls = 0;  // calls in a row of one candidate (family_trials.cc)
     int calls = 0;
-    double block_s = 0;  // the timed calls of the block running
-    // Per candidate, the least seconds per call of its blocks on this rank.
-    std::vector<double> best_block_s;
+    std::vector<double> timed_s;  // per candidate, its timed calls on this rank
     std::optional<Choice> decided;
   };
   using Key = std::pair<Collective, int>;  // the collective, log2 of the bytes

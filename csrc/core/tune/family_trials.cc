@@ -10,10 +10,14 @@ namespace {
 
 // Each candidate runs in blocks of calls back to back, as a workload runs
 // them: a tree's leaves start the next call while its root still sends, which
-// calls that alternate between families would not show. A block's first call
-// is untimed: it waits for the ranks still finishing the block before, and
-// touches pages and Plans the others have not.
-constexpr int kRounds = 2;
+// calls that alternate between families would not show. The first round is
+// untimed: a communicator's connections that sat idle restart slowly (tcp's
+// slow start after idle; 8 ranks at 512 KiB: a family's first block ran 1.5-
+// 3.6 ms per call, then 1.0-1.1), and each family uses its own connections.
+// In the timed rounds a block's first call is untimed too: it waits for the
+// ranks still finishing the block before.
+constexpr int kUntimedRounds = 1;
+constexpr int kRounds = 3;
 // Calls per block: as many as fit this budget at the model's figures, within
 // [kFewestBlockCalls, kMostBlockCalls]. Calls jitter by a fifth or more
 // where ranks wait for CPUs (8 ranks on 2 cores: rhd's 4 MiB calls took 9-14
@@ -63,7 +67,8 @@ FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes) {
     r.decided = ranked.front();
     return r;
   }
-  const double fit = std::ceil(kTrialBudget_s / (kRounds * std::max(expected_round, 1e-9)));
+  const double fit =
+      std::ceil(kTrialBudget_s / ((kRounds - kUntimedRounds) * std::max(expected_round, 1e-9)));
   r.block_calls = static_cast<int>(std::clamp<double>(fit, kFewestBlockCalls, kMostBlockCalls));
   r.timed_s.assign(r.candidates.size(), 0);
   WEFT_LOG(Info, rank_, [&] {
@@ -88,7 +93,8 @@ void FamilyTrials::record(Collective c, size_t bytes, double seconds,
                           const SlowestOverRanks& slowest) {
   Range& r = range(c, bytes);
   if (r.decided) return;
-  if (r.calls % r.block_calls > 0) {  // a block's first call is untimed
+  const int round = r.calls / (r.block_calls * static_cast<int>(r.candidates.size()));
+  if (round >= kUntimedRounds && r.calls % r.block_calls > 0) {
     r.timed_s[(r.calls / r.block_calls) % r.candidates.size()] += seconds;
   }
   ++r.calls;
@@ -102,7 +108,9 @@ void FamilyTrials::decide(Range& r, Collective c, size_t bytes, const SlowestOve
   // a family whose calls vary: 8 ranks on 2 cores at 4 MiB, rhd's least block
   // was as fast as the tree's, its mean 20 % slower).
   std::vector<double> mine;
-  for (double total : r.timed_s) mine.push_back(total / (kRounds * (r.block_calls - 1)));
+  for (double total : r.timed_s) {
+    mine.push_back(total / ((kRounds - kUntimedRounds) * (r.block_calls - 1)));
+  }
   const std::vector<double> agreed = slowest(mine);
   size_t best = 0;
   for (size_t i = 1; i < agreed.size(); ++i) {

@@ -47,7 +47,7 @@ class FamilyTrials {
   // The family the trials of `bytes`' range chose and its median call, once they ended.
   std::optional<Choice> decided(Collective c, size_t bytes) const;
   // Whether calls of `bytes`' range are still trials (or have not begun).
-  // Trials take at most kMostCandidates x 2 x 8 calls.
+  // Trials take at most kMostCandidates x 3 rounds x 8 calls.
   bool trying(Collective c, size_t bytes) const;
 
  private:

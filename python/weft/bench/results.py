@@ -3,7 +3,7 @@
 A launch's time per call at one (op, size, form) is its slowest rank's; #wrong is the sum over
 ranks. With --repeats, the reported time is the median over the launches, whose times are kept
 in `time_us_runs`, and where the system says which algorithm it ran (weft), each launch's in
-`algorithm_runs`. Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time,
+`algorithm_runs`, and the untimed calls it spent trying algorithms first in `trial_calls_runs`. Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time,
 busbw = algbw x the op's factor (ops.Op.bus_factor).
 """
 
@@ -62,6 +62,8 @@ def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
         )
         if any("algorithm" in r for r in same):
             out[-1]["algorithm_runs"] = [r.get("algorithm") for r in same]
+        if any("trial_calls" in r for r in same):
+            out[-1]["trial_calls_runs"] = [r.get("trial_calls", 0) for r in same]
     return out
 
 

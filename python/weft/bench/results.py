@@ -4,7 +4,8 @@ A launch's time per call at one (op, size, form) is its slowest rank's; #wrong i
 ranks. With --repeats, the reported time is the median over the launches, whose times are kept
 in `time_us_runs`, and where the system says which algorithm it ran (weft), each launch's in
 `algorithm_runs`, and the untimed calls it spent trying algorithms first in `trial_calls_runs`.
-Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time, busbw = algbw x the op's factor (ops.Op.bus_factor).
+Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time, busbw = algbw x
+the op's factor (ops.Op.bus_factor).
 """
 
 from __future__ import annotations

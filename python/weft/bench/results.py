@@ -63,7 +63,6 @@ def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
         )
         if any("algorithm" in r for r in same):
             out[-1]["algorithm_runs"] = [r.get("algorithm") for r in same]
-        if any("trial_calls" in r for r in same):
             out[-1]["trial_calls_runs"] = [r.get("trial_calls", 0) for r in same]
     return out
 

@@ -114,6 +114,5 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
     algorithm = system.algorithm(op.name, block_bytes)
     if algorithm:
         record["algorithm"] = algorithm
-    if trial_calls:
         record["trial_calls"] = trial_calls
     return record

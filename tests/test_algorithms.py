@@ -152,16 +152,11 @@ def test_min_max_agree_on_every_rank(pools, size, transport, algo):
     assert_no_mismatch(pools.get(size, transport).run(case_min_max_agree, algo))
 
 
-def case_measured_plans(ctx):
-    """A communicator that chooses for itself: what it measured, and what it then predicts."""
+def choosing_and_forced_ring(ctx):
+    """Two new communicators of the pool's world: one that chooses families, one held to ring."""
     comm = weft.Communicator(
         ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("auto"), timeout=COMM_TIMEOUT_S
     )
-    rivals = {
-        c: topo.algorithms_for(c, comm.topology)
-        for c in ("allreduce", "reduce_scatter", "allgather")
-        if len(topo.algorithms_for(c, comm.topology)) > 1
-    }
     forced = weft.Communicator(
         ctx.store,
         ctx.rank,
@@ -170,6 +165,17 @@ def case_measured_plans(ctx):
         timeout=COMM_TIMEOUT_S,
         algo="ring",
     )
+    return comm, forced
+
+
+def case_measured_plans(ctx):
+    """A communicator that chooses for itself: what it measured, and what it then predicts."""
+    comm, forced = choosing_and_forced_ring(ctx)
+    rivals = {
+        c: topo.algorithms_for(c, comm.topology)
+        for c in ("allreduce", "reduce_scatter", "allgather")
+        if len(topo.algorithms_for(c, comm.topology)) > 1
+    }
     return {
         "measured": comm.cost_model.measured,
         "rivals": rivals,
@@ -204,17 +210,7 @@ def test_a_choosing_communicator_times_every_rival_family(pools, size, transport
 def case_trials(ctx, collective, count):
     """A choosing communicator's first calls of `collective` at a new size: each result right
     while the tuner tries families on them, then the family the trials chose."""
-    comm = weft.Communicator(
-        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("trials"), timeout=COMM_TIMEOUT_S
-    )
-    forced = weft.Communicator(
-        ctx.store,
-        ctx.rank,
-        ctx.size,
-        name=ctx.fresh_name("ring"),
-        timeout=COMM_TIMEOUT_S,
-        algo="ring",
-    )
+    comm, forced = choosing_and_forced_ring(ctx)
     nbytes, n = count * 4, ctx.size
     report = {
         "trying_before": comm.trying(collective, nbytes),

@@ -34,7 +34,8 @@ def run(net, args, out: Path) -> dict:
     bench += ["-f", "4", "-n", str(args.n), "--iter-bytes", args.iter_bytes, "-w", "1"]
     bench += ["--repeats", str(args.repeats)]
     bench += ["--algo", args.algos, "--vs", args.vs, f"--json={out}"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    # weft's settings come from --algos alone; WEFT_DEBUG passes, to log what the tuner tried.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_") or k == "WEFT_DEBUG"}
     env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
     env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
     # The report comes back as JSON; the summary is what this script prints.

@@ -426,10 +426,10 @@ void Communicator::abort(const std::string& reason) { fail("aborted by the user:
 
 void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, const void* in,
                            void* out, DataType dtype, ReduceOp op, size_t out_bytes) {
-  WEFT_LOG(Info, rank_,
-           name << " #" << seq << ": " << to_string(dtype) << ", " << to_string(op) << ", "
-                << out_bytes << " bytes out, algorithm " << plan.algorithm << " ("
-                << plan.steps.size() << " steps)");
+  WEFT_LOG_CALL(rank_, this,
+                name << ": " << to_string(dtype) << ", " << to_string(op) << ", " << out_bytes
+                     << " bytes out, algorithm " << plan.algorithm << " (" << plan.steps.size()
+                     << " steps)");
   const ScratchPool::Lease scratch =
       ScratchPool::process().borrow(plan.scratch_count * element_size(dtype));
   OpBuffers buffers{in, out, scratch.data()};

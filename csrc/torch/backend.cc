@@ -98,7 +98,7 @@ c10::Stream WeftBackend::stream_for(c10::Device device) {
 }
 
 CudaStaging WeftBackend::staging(c10::Device device, const char* what) {
-  WEFT_LOG(Info, rank_, what << " of CUDA tensors through pinned host staging");
+  WEFT_LOG_CALL(rank_, this, what << " of CUDA tensors through pinned host staging");
   return CudaStaging(device, stream_for(device), what);
 }
 

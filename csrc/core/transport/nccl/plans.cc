@@ -149,9 +149,10 @@ class Plans final : public DeviceCollectives {
     const Compiled& compiled =
         this->compiled(c, count, dtype, root, input_in_output(in, out, out_bytes), finalize);
     const group::Schedule& schedule = compiled.schedule;
-    WEFT_LOG(Info, comm_->rank(),
-             "nccl plans " << name << ": " << out_bytes << " bytes out, algorithm "
-                           << compiled.algorithm << ", " << schedule.actions.size() << " actions");
+    WEFT_LOG_CALL(comm_->rank(), this,
+                  "nccl plans " << name << ": " << out_bytes << " bytes out, algorithm "
+                                << compiled.algorithm << ", " << schedule.actions.size()
+                                << " actions");
     const int divisor = op == ReduceOp::Avg ? comm_->size() : 0;
     comm_->run(std::string(name) + " (" + compiled.algorithm + ")", stream, [&](ncclComm_t h) {
       reserve(compiled.scratch_bytes + 2 * schedule.temp_bytes);

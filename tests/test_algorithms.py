@@ -220,7 +220,7 @@ def case_trials(ctx, collective, count):
     }
     calls = 0
     base = np.arange(count * n, dtype=np.float32)  # integers: every order of sums is exact
-    while comm.trying(collective, nbytes) and calls < 200:
+    while comm.trying(collective, nbytes) and calls < 1000:
         mine = base * (ctx.rank + 1) + calls
         everyone = base * (n * (n + 1) // 2) + n * calls
         if collective == "allreduce":
@@ -270,7 +270,7 @@ def case_trials(ctx, collective, count):
 def test_trials_choose_one_family_for_every_rank(pools, size, transport, collective, count):
     # The first calls at each power-of-two range of sizes are trials of the families the model
     # finds close (family_trials.h): every result is right, every rank ends after the same
-    # calls (at most 4 families x 3 rounds x 8 calls) with the same family, which the whole
+    # calls (at most 4 families x 3 rounds x 64 calls) with the same family, which the whole
     # range then runs. Forced communicators, and collectives the trials leave alone, try
     # nothing.
     reports = pools.get(size, transport).run(case_trials, collective, count)
@@ -280,7 +280,7 @@ def test_trials_choose_one_family_for_every_rank(pools, size, transport, collect
     assert all(r["calls"] == first["calls"] for r in reports)
     # One call where the model finds no rival close; otherwise at least 2 families x 3 rounds
     # x 4 calls.
-    assert first["calls"] == 1 or 24 <= first["calls"] <= 96, first
+    assert first["calls"] == 1 or 24 <= first["calls"] <= 768, first
     assert all(r["chosen"] == first["chosen"] for r in reports)
     assert first["chosen"][0] in first["families"] and first["chosen"][1] > 0
     assert first["chosen_next"] == first["chosen"] and not first["trying_next"]

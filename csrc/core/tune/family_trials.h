@@ -24,6 +24,9 @@ namespace weft {
 // Families expected to cost more than this many times the cheapest are not tried.
 constexpr double kCloseFactor = 1.5;
 constexpr size_t kMostCandidates = 4;
+// The most calls of one family in a row; trials take at most kMostCandidates x
+// 3 rounds x this many calls per range of sizes (weft-bench's MAX_TRIAL_CALLS).
+constexpr int kMostBlockCalls = 64;
 
 class FamilyTrials {
  public:
@@ -47,7 +50,6 @@ class FamilyTrials {
   // The family the trials of `bytes`' range chose and its median call, once they ended.
   std::optional<Choice> decided(Collective c, size_t bytes) const;
   // Whether calls of `bytes`' range are still trials (or have not begun).
-  // Trials take at most kMostCandidates x 3 rounds x 8 calls.
   bool trying(Collective c, size_t bytes) const;
 
  private:

@@ -25,8 +25,8 @@ from weft.bench import ops
 from weft.bench.sizes import timed_calls
 from weft.bench.systems import System, Unsupported
 
-# Bounds the extra warmup for a system's trials (weft's: at most 4 families x 3 rounds x 8).
-MAX_TRIAL_CALLS = 96
+# Bounds the extra warmup for a system's trials (weft's: at most 4 families x 3 rounds x 64).
+MAX_TRIAL_CALLS = 768
 
 
 def run_plan(

@@ -177,9 +177,7 @@ def test_algorithms_share_a_launch(tmp_path):
     assert allreduce_algorithms(proc.stderr) == {"ring", "oneshot"}
     # Turns at each size: rank 0 runs ring, oneshot, ring, oneshot (separate launches would
     # run ring twice, then oneshot twice); INFO names each size's algorithm at its first call.
-    ran = re.findall(
-        r"^weft\[rank 0\] allreduce: .*algorithm (ring|oneshot)", proc.stderr, re.M
-    )
+    ran = re.findall(r"^weft\[rank 0\] allreduce: .*algorithm (ring|oneshot)", proc.stderr, re.M)
     turns = [a for i, a in enumerate(ran) if i == 0 or a != ran[i - 1]]
     assert turns == ["ring", "oneshot", "ring", "oneshot"]
     results = json.loads(out.read_text())["results"]

@@ -212,15 +212,16 @@ def case_trials(ctx, collective, count):
     while the tuner tries families on them, then the family the trials chose."""
     comm, forced = choosing_and_forced_ring(ctx)
     nbytes, n = count * 4, ctx.size
+    in_place = collective == "allreduce"  # the calls below: allreduce in place, the others not
     report = {
-        "trying_before": comm.trying(collective, nbytes),
-        "forced_trying": forced.trying(collective, nbytes),
+        "trying_before": comm.trying(collective, nbytes, in_place=in_place),
+        "forced_trying": forced.trying(collective, nbytes, in_place=in_place),
         "broadcast_trying": comm.trying("broadcast", nbytes),
         "wrong": [],
     }
     calls = 0
     base = np.arange(count * n, dtype=np.float32)  # integers: every order of sums is exact
-    while comm.trying(collective, nbytes) and calls < 1000:
+    while comm.trying(collective, nbytes, in_place=in_place) and calls < 1000:
         mine = base * (ctx.rank + 1) + calls
         everyone = base * (n * (n + 1) // 2) + n * calls
         if collective == "allreduce":
@@ -239,12 +240,14 @@ def case_trials(ctx, collective, count):
         calls += 1
     report.update(
         calls=calls,
-        chosen=comm.algorithm(collective, nbytes),
+        chosen=comm.algorithm(collective, nbytes, in_place=in_place),
         # The range is [2^k, 2^(k+1)) bytes: one element more is decided, a size twice as
-        # large is not begun.
-        chosen_next=comm.algorithm(collective, nbytes + 4),
-        trying_next=comm.trying(collective, nbytes + 4),
-        trying_double=comm.trying(collective, 2 * nbytes),
+        # large is not begun, nor are the calls of the other form (in place or not), which
+        # try on their own, but for reduce-scatter, whose Plans are the same either way.
+        chosen_next=comm.algorithm(collective, nbytes + 4, in_place=in_place),
+        trying_next=comm.trying(collective, nbytes + 4, in_place=in_place),
+        trying_double=comm.trying(collective, 2 * nbytes, in_place=in_place),
+        trying_other_form=comm.trying(collective, nbytes, in_place=not in_place),
         families=topo.algorithms_for(collective, comm.topology),
     )
     return report
@@ -285,3 +288,4 @@ def test_trials_choose_one_family_for_every_rank(pools, size, transport, collect
     assert first["chosen"][0] in first["families"] and first["chosen"][1] > 0
     assert first["chosen_next"] == first["chosen"] and not first["trying_next"]
     assert first["trying_double"]
+    assert first["trying_other_form"] == (collective != "reduce_scatter")

@@ -317,15 +317,25 @@ void Communicator::learn_topology() {
                         "several hosts, the same number on each");
 }
 
-Choice Communicator::choice(Collective c, size_t bytes) const {
+namespace {
+// Whether calls of `c` in place run (and try) Plans of their own: a
+// reduce-scatter's Plan is the same whether or not its output is the rank's
+// block of the input (its PlanKey is never in place).
+bool own_in_place_plans(Collective c, bool in_place) {
+  return in_place && c != Collective::ReduceScatter;
+}
+}  // namespace
+
+Choice Communicator::choice(Collective c, size_t bytes, bool in_place) const {
   if (trials_) {
-    if (std::optional<Choice> chosen = trials_->decided(c, bytes)) return *chosen;
+    const bool own = own_in_place_plans(c, in_place);
+    if (std::optional<Choice> chosen = trials_->decided(c, bytes, own)) return *chosen;
   }
   return choose(c, bytes, topology_, cost_model_, forced_algorithm_);
 }
 
-bool Communicator::trying(Collective c, size_t bytes) const {
-  return trials_ && trials_->trying(c, bytes);
+bool Communicator::trying(Collective c, size_t bytes, bool in_place) const {
+  return trials_ && trials_->trying(c, bytes, own_in_place_plans(c, in_place));
 }
 
 std::string Communicator::transport_to(int peer) const {
@@ -463,15 +473,16 @@ std::shared_ptr<Work> Communicator::submit_chosen(const char* name, const PlanKe
         check_usable();
         const Collective c = std::get<0>(key);
         const size_t bytes = std::get<1>(key) * std::get<2>(key);
+        const bool in_place = std::get<4>(key);
         if (!trials_) {
-          execute(name, seq, cached_plan(key, choice(c, bytes).algorithm, dtype), in, out, dtype,
-                  op, out_bytes);
+          execute(name, seq, cached_plan(key, choice(c, bytes, in_place).algorithm, dtype), in, out,
+                  dtype, op, out_bytes);
           return;
         }
-        const Plan& plan = cached_plan(key, trials_->next(c, bytes), dtype);
+        const Plan& plan = cached_plan(key, trials_->next(c, bytes, in_place), dtype);
         const double start = now_s();
         execute(name, seq, plan, in, out, dtype, op, out_bytes);
-        trials_->record(c, bytes, now_s() - start, [&](const std::vector<double>& mine) {
+        trials_->record(c, bytes, in_place, now_s() - start, [&](const std::vector<double>& mine) {
           return max_over_ranks(tuning_runner(seq), rank_, size_, mine);
         });
       },

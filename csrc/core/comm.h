@@ -50,13 +50,14 @@ class Communicator {
   void set_timeout(double timeout_s);
   // "shm" or "tcp" for each peer, "self" for this rank.
   std::string transport_to(int peer) const;
-  // The algorithm an operation of `bytes` per rank runs, and its predicted
-  // time (the same on every rank); once the trials of `bytes`' range ended
-  // (family_trials.h), the family they chose and its median call.
-  Choice choice(Collective c, size_t bytes) const;
+  // The algorithm an operation of `bytes` per rank runs, in place or not,
+  // and its predicted time (the same on every rank); once the trials of
+  // `bytes`' range ended (family_trials.h), the family they chose and its
+  // mean call.
+  Choice choice(Collective c, size_t bytes, bool in_place) const;
   // Whether calls of `c` on `bytes` per rank are still trials of families
   // (or would begin them).
-  bool trying(Collective c, size_t bytes) const;
+  bool trying(Collective c, size_t bytes, bool in_place) const;
   const Topology& topology() const { return topology_; }
   // This rank's Plan of `c` over `count` elements of `dtype`, in the family
   // the tuner (or WEFT_ALGO) picks by the link model alone, for executors of

@@ -127,13 +127,13 @@ class PyCommunicator {
   }
   Topology topology() const { return comm_->topology(); }
 
-  py::tuple algorithm(const std::string& collective, size_t nbytes) const {
-    const Choice c = comm_->choice(parse_collective(collective), nbytes);
+  py::tuple algorithm(const std::string& collective, size_t nbytes, bool in_place) const {
+    const Choice c = comm_->choice(parse_collective(collective), nbytes, in_place);
     return py::make_tuple(to_string(c.algorithm), c.predicted_s);
   }
 
-  bool trying(const std::string& collective, size_t nbytes) const {
-    return comm_->trying(parse_collective(collective), nbytes);
+  bool trying(const std::string& collective, size_t nbytes, bool in_place) const {
+    return comm_->trying(parse_collective(collective), nbytes, in_place);
   }
 
   py::object allreduce(const py::object& buf, const std::string& op, const py::object& out,
@@ -413,13 +413,17 @@ PYBIND11_MODULE(_C, m) {
            "at creation (which also times Plans; this does not). The tuner keeps its own model.")
       .def_property_readonly("topology", &PyCommunicator::topology)
       .def("algorithm", &PyCommunicator::algorithm, py::arg("collective"), py::arg("nbytes"),
+           py::kw_only(), py::arg("in_place") = false,
            "(algorithm, predicted seconds) of `collective` ('allreduce', 'broadcast', ...) on "
-           "`nbytes` per rank; once the trials of `nbytes`' power-of-two range ended, the "
-           "family they chose and its measured median call.")
+           "`nbytes` per rank, for calls in place (allreduce without out=) or not; once the "
+           "trials of `nbytes`' power-of-two range ended, the family they chose and its "
+           "measured mean call.")
       .def("trying", &PyCommunicator::trying, py::arg("collective"), py::arg("nbytes"),
-           "Whether the next calls of `collective` on `nbytes` per rank are trials of algorithm "
-           "families (the first calls in each power-of-two range of sizes, where the tuner "
-           "chooses; see README, 'Algorithms and the tuner').")
+           py::kw_only(), py::arg("in_place") = false,
+           "Whether the next calls of `collective` on `nbytes` per rank, in place or not, are "
+           "trials of algorithm families (the first calls in each power-of-two range of sizes, "
+           "where the tuner chooses; in-place calls have trials of their own; see README, "
+           "'Algorithms and the tuner').")
       .def("allreduce", &PyCommunicator::allreduce, py::arg("buf"), py::arg("op") = "sum",
            py::arg("out") = py::none(), py::arg("async_") = false)
       .def("reduce_scatter", &PyCommunicator::reduce_scatter, py::arg("buf"), py::arg("op") = "sum",

@@ -44,13 +44,13 @@ bool FamilyTrials::tried(Collective c) {
   return c == Collective::Allreduce || c == Collective::ReduceScatter || c == Collective::Allgather;
 }
 
-FamilyTrials::Key FamilyTrials::key(Collective c, size_t bytes) {
-  return {c, bytes == 0 ? -1 : log2_floor(bytes)};
+FamilyTrials::Key FamilyTrials::key(Collective c, size_t bytes, bool in_place) {
+  return {c, in_place, bytes == 0 ? -1 : log2_floor(bytes)};
 }
 
-FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes) {
+FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes, bool in_place) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, fresh] = ranges_.try_emplace(key(c, bytes));
+  auto [it, fresh] = ranges_.try_emplace(key(c, bytes, in_place));
   Range& r = it->second;
   if (!fresh) return r;
   const std::vector<Choice> ranked = ranked_choices(c, bytes, topo_, model_);
@@ -76,7 +76,8 @@ FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes) {
   r.timed_s.assign(r.candidates.size(), 0);
   WEFT_LOG(Info, rank_, [&] {
     std::string line = std::string(to_string(c)) + " of " + std::to_string(bytes) +
-                       " bytes: trying, " + std::to_string(r.block_calls) + " calls in a row each:";
+                       (in_place ? " bytes in place" : " bytes") + ": trying, " +
+                       std::to_string(r.block_calls) + " calls in a row each:";
     for (size_t i = 0; i < r.candidates.size(); ++i) {
       line += std::string(" ") + to_string(ranked[i].algorithm) + " (predicted " +
               std::to_string(ranked[i].predicted_s * 1e6) + " us)";
@@ -86,15 +87,15 @@ FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes) {
   return r;
 }
 
-Algorithm FamilyTrials::next(Collective c, size_t bytes) {
-  Range& r = range(c, bytes);
+Algorithm FamilyTrials::next(Collective c, size_t bytes, bool in_place) {
+  Range& r = range(c, bytes, in_place);
   if (r.decided) return r.decided->algorithm;
   return r.candidates[(r.calls / r.block_calls) % r.candidates.size()];
 }
 
-void FamilyTrials::record(Collective c, size_t bytes, double seconds,
+void FamilyTrials::record(Collective c, size_t bytes, bool in_place, double seconds,
                           const SlowestOverRanks& slowest) {
-  Range& r = range(c, bytes);
+  Range& r = range(c, bytes, in_place);
   if (r.decided) return;
   const int round = r.calls / (r.block_calls * static_cast<int>(r.candidates.size()));
   if (round >= kUntimedRounds && r.calls % r.block_calls > 0) {
@@ -102,11 +103,12 @@ void FamilyTrials::record(Collective c, size_t bytes, double seconds,
   }
   ++r.calls;
   if (r.calls == kRounds * r.block_calls * static_cast<int>(r.candidates.size())) {
-    decide(r, c, bytes, slowest);
+    decide(r, c, bytes, in_place, slowest);
   }
 }
 
-void FamilyTrials::decide(Range& r, Collective c, size_t bytes, const SlowestOverRanks& slowest) {
+void FamilyTrials::decide(Range& r, Collective c, size_t bytes, bool in_place,
+                          const SlowestOverRanks& slowest) {
   // Per call: the mean, as a workload pays it (the least block would favour
   // a family whose calls vary: 8 ranks on 2 cores at 4 MiB, rhd's least block
   // was as fast as the tree's, its mean 20 % slower).
@@ -121,7 +123,8 @@ void FamilyTrials::decide(Range& r, Collective c, size_t bytes, const SlowestOve
   }
   WEFT_LOG(Info, rank_, [&] {
     std::string line = std::string(to_string(c)) + " of " + std::to_string(bytes) +
-                       " bytes and its power-of-two range: trials chose " +
+                       (in_place ? " bytes in place" : " bytes") +
+                       " and its power-of-two range: trials chose " +
                        to_string(r.candidates[best]) + " (per call, back to back:";
     for (size_t i = 0; i < agreed.size(); ++i) {
       line += std::string(" ") + to_string(r.candidates[i]) + " " +
@@ -133,17 +136,17 @@ void FamilyTrials::decide(Range& r, Collective c, size_t bytes, const SlowestOve
   r.decided = Choice{r.candidates[best], agreed[best]};
 }
 
-std::optional<Choice> FamilyTrials::decided(Collective c, size_t bytes) const {
+std::optional<Choice> FamilyTrials::decided(Collective c, size_t bytes, bool in_place) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = ranges_.find(key(c, bytes));
+  auto it = ranges_.find(key(c, bytes, in_place));
   if (it == ranges_.end()) return std::nullopt;
   return it->second.decided;
 }
 
-bool FamilyTrials::trying(Collective c, size_t bytes) const {
+bool FamilyTrials::trying(Collective c, size_t bytes, bool in_place) const {
   if (!tried(c)) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = ranges_.find(key(c, bytes));
+  auto it = ranges_.find(key(c, bytes, in_place));
   return it == ranges_.end() || !it->second.decided;
 }
 

@@ -42,14 +42,15 @@ class System:
     def sync(self) -> None:
         """Waits until the calls issued so far are done (device streams)."""
 
-    def algorithm(self, op: str, block_bytes: int) -> str | None:
-        """The algorithm this system runs `op` with at `block_bytes` per rank block, where it
-        says."""
+    def algorithm(self, op: str, block_bytes: int, in_place: bool) -> str | None:
+        """The algorithm this system runs `op` with at `block_bytes` per rank block, in place
+        or not, where it says."""
         return None
 
-    def trying(self, op: str, block_bytes: int) -> bool:
-        """Whether the next calls of `op` at `block_bytes` are still the system's own trials of
-        algorithms (weft's tuner tries families on its first calls at each size)."""
+    def trying(self, op: str, block_bytes: int, in_place: bool) -> bool:
+        """Whether the next calls of `op` at `block_bytes`, in place or not, are still the
+        system's own trials of algorithms (weft's tuner tries families on its first calls at
+        each size, in place and out of place apart)."""
         return False
 
     def close(self) -> None:
@@ -96,7 +97,7 @@ class Weft(System):
     def barrier(self):
         self.comm.barrier()
 
-    def algorithm(self, op, block_bytes):
+    def algorithm(self, op, block_bytes, in_place):
         """The tuner's choice, for the collectives it chooses for (weft.algorithms lists
         none for the others)."""
         import weft
@@ -105,16 +106,16 @@ class Weft(System):
         collective = OPS[op].collective
         if not weft.algorithms(collective, self.hosts):
             return None
-        return self.comm.algorithm(collective, block_bytes)[0]
+        return self.comm.algorithm(collective, block_bytes, in_place=in_place)[0]
 
-    def trying(self, op, block_bytes):
+    def trying(self, op, block_bytes, in_place):
         import weft
         from weft.bench.ops import OPS
 
         collective = OPS[op].collective
         if not weft.algorithms(collective, self.hosts):
             return False
-        return self.comm.trying(collective, block_bytes)
+        return self.comm.trying(collective, block_bytes, in_place=in_place)
 
 
 class TorchDistributed(System):

@@ -91,7 +91,7 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         call()
     block_bytes = shape.block * dtype.itemsize
     trial_calls = 0
-    while trial_calls < MAX_TRIAL_CALLS and system.trying(op.name, block_bytes):
+    while trial_calls < MAX_TRIAL_CALLS and system.trying(op.name, block_bytes, in_place):
         call()
         trial_calls += 1
     system.sync()
@@ -111,7 +111,7 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         "time_s": elapsed / iters,
         "wrong": wrong,
     }
-    algorithm = system.algorithm(op.name, block_bytes)
+    algorithm = system.algorithm(op.name, block_bytes, in_place)
     if algorithm:
         record["algorithm"] = algorithm
         record["trial_calls"] = trial_calls

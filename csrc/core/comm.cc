@@ -479,7 +479,12 @@ std::shared_ptr<Work> Communicator::submit_chosen(const char* name, const PlanKe
                   dtype, op, out_bytes);
           return;
         }
-        const Plan& plan = cached_plan(key, trials_->next(c, bytes, in_place), dtype);
+        const FamilyTrials::Turn turn = trials_->next(c, bytes, in_place);
+        const Plan& plan = cached_plan(key, turn.algorithm, dtype);
+        if (!turn.trial) {  // decided: nothing to time
+          execute(name, seq, plan, in, out, dtype, op, out_bytes);
+          return;
+        }
         const double start = now_s();
         execute(name, seq, plan, in, out, dtype, op, out_bytes);
         trials_->record(c, bytes, in_place, now_s() - start, [&](const std::vector<double>& mine) {

@@ -87,16 +87,15 @@ FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes, bool in_pla
   return r;
 }
 
-Algorithm FamilyTrials::next(Collective c, size_t bytes, bool in_place) {
+FamilyTrials::Turn FamilyTrials::next(Collective c, size_t bytes, bool in_place) {
   Range& r = range(c, bytes, in_place);
-  if (r.decided) return r.decided->algorithm;
-  return r.candidates[(r.calls / r.block_calls) % r.candidates.size()];
+  if (r.decided) return {r.decided->algorithm, false};
+  return {r.candidates[(r.calls / r.block_calls) % r.candidates.size()], true};
 }
 
 void FamilyTrials::record(Collective c, size_t bytes, bool in_place, double seconds,
                           const SlowestOverRanks& slowest) {
   Range& r = range(c, bytes, in_place);
-  if (r.decided) return;
   const int round = r.calls / (r.block_calls * static_cast<int>(r.candidates.size()));
   if (round >= kUntimedRounds && r.calls % r.block_calls > 0) {
     r.timed_s[(r.calls / r.block_calls) % r.candidates.size()] += seconds;

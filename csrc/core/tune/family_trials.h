@@ -43,11 +43,15 @@ class FamilyTrials {
   // back to back their calls overlap, so a call's time is not its cost).
   static bool tried(Collective c);
 
+  struct Turn {
+    Algorithm algorithm;
+    bool trial;  // the call is a trial, to be timed and recorded
+  };
   // The family to run the next call of `c` on `bytes` per rank (for a
   // collective not tried, the model's choice).
-  Algorithm next(Collective c, size_t bytes, bool in_place);
-  // That call took `seconds` on this rank. After the last trial call of its
-  // range this agrees with the other ranks through `slowest`.
+  Turn next(Collective c, size_t bytes, bool in_place);
+  // That trial call took `seconds` on this rank. After the last trial call of
+  // its range this agrees with the other ranks through `slowest`.
   void record(Collective c, size_t bytes, bool in_place, double seconds,
               const SlowestOverRanks& slowest);
   // The family the trials of `bytes`' range chose and its mean call, once they ended.

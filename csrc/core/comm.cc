@@ -474,14 +474,11 @@ std::shared_ptr<Work> Communicator::submit_chosen(const char* name, const PlanKe
         const Collective c = std::get<0>(key);
         const size_t bytes = std::get<1>(key) * std::get<2>(key);
         const bool in_place = std::get<4>(key);
-        if (!trials_) {
-          execute(name, seq, cached_plan(key, choice(c, bytes, in_place).algorithm, dtype), in, out,
-                  dtype, op, out_bytes);
-          return;
-        }
-        const FamilyTrials::Turn turn = trials_->next(c, bytes, in_place);
+        const FamilyTrials::Turn turn =
+            trials_ ? trials_->next(c, bytes, in_place)
+                    : FamilyTrials::Turn{choice(c, bytes, in_place).algorithm, false};
         const Plan& plan = cached_plan(key, turn.algorithm, dtype);
-        if (!turn.trial) {  // decided: nothing to time
+        if (!turn.trial) {  // decided, or nothing is tried: nothing to time
           execute(name, seq, plan, in, out, dtype, op, out_bytes);
           return;
         }

@@ -191,3 +191,41 @@ def test_measured_plans_are_comments_in_a_saved_model(tmp_path):
     loaded = topo.load_cost_model(str(path))
     assert loaded.measured == []
     assert loaded.shm.alpha_s == m.shm.alpha_s
+
+
+# Which recursive-doubling worlds end some rank's rounds in Scratch, so that it copies its
+# result out: (in place, out of place). Its rounds alternate buffers, starting from Input
+# (Output for ranks that took a folded partner's input), and may not write Input in place.
+RD_COPIES = {
+    2: (True, False),
+    3: (True, True),
+    4: (False, True),
+    5: (False, True),
+    6: (False, True),
+    7: (False, True),
+    8: (True, False),
+    9: (True, True),
+}
+
+
+@pytest.mark.parametrize("size", RD_COPIES)
+def test_in_place_prices_the_copies_of_families_that_keep_their_input(size):
+    # A local copy costs half a shared-memory message of the buffer (a copy in and one out).
+    m = model("vm-shm")
+    world, nbytes = flat(size), 64 * MiB
+    copy = nbytes * m.shm.beta_s_per_b / 2
+
+    def extra(family, in_place):
+        return topo.predict(family, "allreduce", nbytes, world, m, in_place=in_place) - (
+            topo.predict(family, "allreduce", 0, world, m, in_place=in_place)
+        )
+
+    in_place, out_of_place = RD_COPIES[size]
+    assert extra("rd", True) - extra("rd", False) == pytest.approx(
+        (in_place - out_of_place) * copy, rel=1e-6, abs=1e-12
+    )
+    # oneshot stages every contribution except on two ranks out of place.
+    staged = 0 if size > 2 else 2 * copy
+    assert extra("oneshot", True) - extra("oneshot", False) == pytest.approx(staged, rel=1e-6)
+    for family in ("ring", "rhd", "tree"):
+        assert extra(family, True) == extra(family, False)

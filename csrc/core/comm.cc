@@ -327,11 +327,11 @@ bool own_in_place_plans(Collective c, bool in_place) {
 }  // namespace
 
 Choice Communicator::choice(Collective c, size_t bytes, bool in_place) const {
+  const bool own = own_in_place_plans(c, in_place);
   if (trials_) {
-    const bool own = own_in_place_plans(c, in_place);
     if (std::optional<Choice> chosen = trials_->decided(c, bytes, own)) return *chosen;
   }
-  return choose(c, bytes, topology_, cost_model_, forced_algorithm_);
+  return choose(c, bytes, topology_, cost_model_, forced_algorithm_, own);
 }
 
 bool Communicator::trying(Collective c, size_t bytes, bool in_place) const {
@@ -347,8 +347,8 @@ Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bo
                         bool finalize, size_t max_step_bytes) const {
   // Plans for an executor elsewhere choose by the link model alone: the
   // timed Plans and the trials are of this communicator's executor.
-  const Choice choice =
-      choose(c, count * element_size(dtype), topology_, links_only(cost_model_), forced_algorithm_);
+  const Choice choice = choose(c, count * element_size(dtype), topology_, links_only(cost_model_),
+                               forced_algorithm_, own_in_place_plans(c, in_place));
   return make_plan(PlanKey{c, count, element_size(dtype), root, in_place, finalize},
                    choice.algorithm, dtype, max_step_bytes, false);
 }
@@ -364,11 +364,12 @@ Plan Communicator::make_plan(const PlanKey& key, Algorithm a, DataType dtype, si
   if (max_step_bytes > 0) ctx.max_step_bytes = max_step_bytes;
   ctx.buffered_sends = buffered_sends;
   if (c == Collective::Barrier) return algo::barrier(ctx);
-  WEFT_LOG(Info, rank_,
-           to_string(c) << " of " << count * elem_size << " bytes: algorithm " << to_string(a)
-                        << ", predicted "
-                        << choose(c, count * elem_size, topology_, cost_model_, a).predicted_s * 1e6
-                        << " us");
+  WEFT_LOG(
+      Info, rank_,
+      to_string(c)
+          << " of " << count * elem_size << " bytes: algorithm " << to_string(a) << ", predicted "
+          << choose(c, count * elem_size, topology_, cost_model_, a, in_place).predicted_s * 1e6
+          << " us");
   return algo::plan_for(c, a, ctx, count, root, in_place, finalize);
 }
 

@@ -105,21 +105,24 @@ void bind_topo(py::module_& parent) {
   m.def(
       "predict",
       [](const std::string& algorithm, const std::string& collective, size_t nbytes,
-         const Topology& topo, const CostModel& model) {
+         const Topology& topo, const CostModel& model, bool in_place) {
         return predict(parse_algorithm(algorithm), parse_collective(collective), nbytes, topo,
-                       model);
+                       model, in_place);
       },
       py::arg("algorithm"), py::arg("collective"), py::arg("nbytes"), py::arg("topology"),
-      py::arg("model") = CostModel{}, "Predicted seconds for `nbytes` per rank.");
+      py::arg("model") = CostModel{}, py::kw_only(), py::arg("in_place") = false,
+      "Predicted seconds for `nbytes` per rank, out of place or in place.");
   m.def(
       "choose",
-      [](const std::string& collective, size_t nbytes, const Topology& topo,
-         const CostModel& model) {
-        const Choice c = choose(parse_collective(collective), nbytes, topo, model);
+      [](const std::string& collective, size_t nbytes, const Topology& topo, const CostModel& model,
+         bool in_place) {
+        const Choice c =
+            choose(parse_collective(collective), nbytes, topo, model, Algorithm::Auto, in_place);
         return py::make_tuple(to_string(c.algorithm), c.predicted_s);
       },
       py::arg("collective"), py::arg("nbytes"), py::arg("topology"), py::arg("model") = CostModel{},
-      "(algorithm, predicted seconds) the tuner would pick.");
+      py::kw_only(), py::arg("in_place") = false,
+      "(algorithm, predicted seconds) the tuner would pick, out of place or in place.");
   m.attr("MEASURED_BYTES") = py::tuple(
       py::cast(std::vector<size_t>(std::begin(kMeasuredBytes), std::end(kMeasuredBytes))));
   m.def("load_cost_model", &load_cost_model, py::arg("path"),

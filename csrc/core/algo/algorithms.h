@@ -84,6 +84,10 @@ inline int wide_tree_depth(int size) {
 Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
                                   bool finalize);
+// Whether some rank's recursive doubling ends with its result in Scratch and
+// copies it to Output (its rounds alternate between two buffers, and which
+// one the last fills depends on the rounds, in place or not, and the fold).
+bool recursive_doubling_copies_result(int size, bool in_place);
 Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // Recursive halving reduce-scatter and recursive doubling allgather, for
 // power-of-two worlds (same contracts as the ring forms).
@@ -112,6 +116,10 @@ inline size_t hier_pieces(size_t hosts, size_t local, size_t step, size_t count)
 // Every rank sends its whole Input to every peer and reduces locally in rank
 // order, so every rank computes bit-identical results. Uses Scratch.
 Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
+// Whether oneshot stages the contributions in Scratch (its own copied in, a
+// reduction of its own afterwards): all but two ranks out of place, which
+// reduce straight from the peer's message.
+inline bool oneshot_stages(int size, bool in_place) { return in_place || size > 2; }
 // Zero-byte messages to and from every peer.
 Plan barrier(const PlanContext& ctx);
 

@@ -77,7 +77,25 @@ void fold_out(const Fold& fold, size_t base, size_t count, std::vector<Step>& st
   steps.push_back(s);
 }
 
+// The buffer a round of recursive doubling reduces into when the running
+// vector is in `cur`: another one, so nothing is overwritten while it is sent.
+Buf doubling_round_target(Buf cur, bool in_place) {
+  return cur == Buf::Scratch || (cur == Buf::Input && !in_place) ? Buf::Output : Buf::Scratch;
+}
+
 }  // namespace
+
+bool recursive_doubling_copies_result(int size, bool in_place) {
+  int group = 1, rounds = 0;
+  for (; group * 2 <= size; group *= 2) ++rounds;
+  auto ends_in_scratch = [&](Buf cur) {
+    for (int k = 0; k < rounds; ++k) cur = doubling_round_target(cur, in_place);
+    return cur == Buf::Scratch;
+  };
+  // Ranks outside the fold start from Input; those that took a partner's
+  // input in start from Output (fold_in).
+  return ends_in_scratch(Buf::Input) || (size > group && ends_in_scratch(Buf::Output));
+}
 
 Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
                                   bool finalize) {
@@ -88,12 +106,9 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
   const Fold fold(ctx);
   Buf cur = fold_in(fold, 0, count, plan.steps);
   if (fold.new_rank >= 0) {
-    // Each round sends the running vector and reduces the partner's into a
-    // different buffer, so nothing is overwritten while it is being sent.
     plan.scratch_count = count;
     for (int mask = 1; mask < fold.group; mask *= 2) {
-      Buf next = Buf::Scratch;
-      if (cur == Buf::Scratch || (cur == Buf::Input && !in_place)) next = Buf::Output;
+      const Buf next = doubling_round_target(cur, in_place);
       Step s =
           swap_with(fold.rank_of(fold.new_rank ^ mask), Span{cur, 0, count}, Span{next, 0, count});
       s.operand = Span{cur, 0, count};

@@ -16,7 +16,7 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
   // Sends and receives of a round progress together, so no message size can
   // fill the connections and deadlock.
   auto exchange = [&](int to, int from, Span dst) { return exchange_step(to, input, from, dst); };
-  if (n == 2 && !in_place) {
+  if (!oneshot_stages(n, in_place)) {
     // a + b == b + a exactly, so reducing straight from the peer's message is
     // already in rank order.
     Step s = exchange(1 - r, 1 - r, Span{Buf::Output, 0, count});

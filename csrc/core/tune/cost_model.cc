@@ -165,7 +165,7 @@ std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo) {
 }
 
 double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
-               const CostModel& model) {
+               const CostModel& model, bool in_place) {
   if (!has_form(a, c, topo)) {
     throw InvalidArgument(std::string("algorithm ") + to_string(a) + " has no " + to_string(c) +
                           " for this world");
@@ -178,14 +178,22 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   if (topo.hosts > 1) shared.beta_s_per_b *= std::max(1, topo.ranks_per_host);
   const int p = 1 << log2_floor(topo.size);
   const double fold = topo.size == p ? 0 : 2 * msg(flat, S) + S * g;
+  // A local copy of the buffer: about half a shared-memory message, which
+  // copies the bytes in and out again.
+  const double copy = S * model.shm.beta_s_per_b / 2;
   switch (c) {
     case Collective::Allreduce:
       switch (a) {
         case Algorithm::Ring: return 2 * (n - 1) * msg(flat, S / n) + (n - 1) / n * S * g;
-        case Algorithm::Oneshot: return (n - 1) * (msg(shared, S) + S * g);
+        case Algorithm::Oneshot:
+          // Staged: its own input copied in, the peers' contributions reduced
+          // in a pass of their own rather than straight from their messages.
+          return (n - 1) * (msg(shared, S) + S * g) +
+                 (algo::oneshot_stages(topo.size, in_place) ? 2 * copy : 0);
         case Algorithm::Rd: {
           const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
-          return inside * (msg(model.shm, S) + S * g) + across * (msg(shared, S) + S * g) + fold;
+          return inside * (msg(model.shm, S) + S * g) + across * (msg(shared, S) + S * g) + fold +
+                 (algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0);
         }
         case Algorithm::Rhd:
           return 2 * log2_floor(topo.size) * shared.alpha_s +
@@ -247,7 +255,7 @@ namespace {
 
 // predict(), anchored to what `a` measured on this world (see choose()).
 double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
-                const CostModel& model) {
+                const CostModel& model, bool in_place) {
   const MeasuredCost* below = nullptr;  // the largest size measured <= bytes
   const MeasuredCost* above = nullptr;  // the smallest size measured >= bytes
   for (const MeasuredCost& p : model.measured) {
@@ -255,11 +263,11 @@ double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
     if (p.bytes <= bytes && (!below || p.bytes > below->bytes)) below = &p;
     if (p.bytes >= bytes && (!above || p.bytes < above->bytes)) above = &p;
   }
-  if (!below && !above) return predict(a, c, bytes, topo, model);
+  if (!below && !above) return predict(a, c, bytes, topo, model, in_place);
   if (!below) return above->seconds;
   if (!above) {
-    const double beyond =
-        predict(a, c, bytes, topo, model) - predict(a, c, below->bytes, topo, model);
+    const double beyond = predict(a, c, bytes, topo, model, in_place) -
+                          predict(a, c, below->bytes, topo, model, in_place);
     return below->seconds + std::max(0.0, beyond);
   }
   if (above->bytes == below->bytes) return below->seconds;
@@ -270,21 +278,21 @@ double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
 }  // namespace
 
 std::vector<Choice> ranked_choices(Collective c, size_t bytes, const Topology& topo,
-                                   const CostModel& model) {
+                                   const CostModel& model, bool in_place) {
   std::vector<Choice> out;
   for (Algorithm a : algorithms_for(c, topo))
-    out.push_back({a, expected(a, c, bytes, topo, model)});
+    out.push_back({a, expected(a, c, bytes, topo, model, in_place)});
   std::stable_sort(out.begin(), out.end(),
                    [](const Choice& x, const Choice& y) { return x.predicted_s < y.predicted_s; });
   return out;
 }
 
 Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
-              Algorithm forced) {
+              Algorithm forced, bool in_place) {
   if (forced != Algorithm::Auto && has_form(forced, c, topo)) {
-    return Choice{forced, expected(forced, c, bytes, topo, model)};
+    return Choice{forced, expected(forced, c, bytes, topo, model, in_place)};
   }
-  const std::vector<Choice> ranked = ranked_choices(c, bytes, topo, model);
+  const std::vector<Choice> ranked = ranked_choices(c, bytes, topo, model, in_place);
   if (ranked.empty()) return Choice{Algorithm::Auto, std::numeric_limits<double>::infinity()};
   return ranked.front();
 }

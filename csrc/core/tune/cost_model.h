@@ -81,10 +81,12 @@ Collective parse_collective(const std::string& name);
 std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo);
 
 // Predicted seconds for `bytes` per rank (the buffer each rank contributes;
-// for allgather, each rank's block), from the link figures alone. Throws
-// InvalidArgument when `a` has no form for `c` on `topo`.
+// for allgather, each rank's block), from the link figures alone, in place
+// (output and input one buffer) or not: families that keep their input
+// until it is sent copy more in place. Throws InvalidArgument when `a` has no
+// form for `c` on `topo`.
 double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
-               const CostModel& model);
+               const CostModel& model, bool in_place = false);
 
 struct Choice {
   Algorithm algorithm;
@@ -97,9 +99,9 @@ struct Choice {
 // between their figures; above the largest, that figure plus what predict()
 // adds from there.
 Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
-              Algorithm forced = Algorithm::Auto);
+              Algorithm forced = Algorithm::Auto, bool in_place = false);
 // Every family with a form for `c`, costed as choose() costs them, cheapest first.
 std::vector<Choice> ranked_choices(Collective c, size_t bytes, const Topology& topo,
-                                   const CostModel& model);
+                                   const CostModel& model, bool in_place = false);
 
 }  // namespace weft

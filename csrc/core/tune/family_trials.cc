@@ -53,7 +53,7 @@ FamilyTrials::Range& FamilyTrials::range(Collective c, size_t bytes, bool in_pla
   auto [it, fresh] = ranges_.try_emplace(key(c, bytes, in_place));
   Range& r = it->second;
   if (!fresh) return r;
-  const std::vector<Choice> ranked = ranked_choices(c, bytes, topo_, model_);
+  const std::vector<Choice> ranked = ranked_choices(c, bytes, topo_, model_, in_place);
   if (ranked.empty()) {  // a barrier: nothing to choose
     r.decided = Choice{Algorithm::Auto, 0};
     return r;

@@ -224,8 +224,15 @@ def test_in_place_prices_the_copies_of_families_that_keep_their_input(size):
     assert extra("rd", True) - extra("rd", False) == pytest.approx(
         (in_place - out_of_place) * copy, rel=1e-6, abs=1e-12
     )
-    # oneshot stages every contribution except on two ranks out of place.
+    # oneshot stages every contribution except on two ranks out of place, and on two ranks in
+    # place when the input fits a step (it is sent before the peer's is reduced into it).
     staged = 0 if size > 2 else 2 * copy
     assert extra("oneshot", True) - extra("oneshot", False) == pytest.approx(staged, rel=1e-6)
+    step = world.step_bytes
+    for nbytes in (step, step + 4):
+        in_place = topo.predict("oneshot", "allreduce", nbytes, world, m, in_place=True)
+        out_of_place = topo.predict("oneshot", "allreduce", nbytes, world, m)
+        fits = size == 2 and nbytes <= step
+        assert (in_place == out_of_place) == (fits or size > 2)
     for family in ("ring", "rhd", "tree"):
         assert extra(family, True) == extra(family, False)

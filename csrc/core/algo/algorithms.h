@@ -117,9 +117,12 @@ inline size_t hier_pieces(size_t hosts, size_t local, size_t step, size_t count)
 // order, so every rank computes bit-identical results. Uses Scratch.
 Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // Whether oneshot stages the contributions in Scratch (its own copied in, a
-// reduction of its own afterwards): all but two ranks out of place, which
-// reduce straight from the peer's message.
-inline bool oneshot_stages(int size, bool in_place) { return in_place || size > 2; }
+// reduction of its own afterwards). Two ranks reduce straight from the peer's
+// message: out of place in one exchange, in place once their own `bytes` have
+// left, which needs them to fit a step (`step_bytes`).
+inline bool oneshot_stages(int size, bool in_place, size_t bytes, size_t step_bytes) {
+  return size > 2 || (in_place && bytes > step_bytes);
+}
 // Zero-byte messages to and from every peer.
 Plan barrier(const PlanContext& ctx);
 

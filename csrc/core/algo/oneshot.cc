@@ -16,13 +16,31 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
   // Sends and receives of a round progress together, so no message size can
   // fill the connections and deadlock.
   auto exchange = [&](int to, int from, Span dst) { return exchange_step(to, input, from, dst); };
-  if (!oneshot_stages(n, in_place)) {
+  if (!oneshot_stages(n, in_place, count * ctx.elem_size, ctx.max_step_bytes)) {
     // a + b == b + a exactly, so reducing straight from the peer's message is
     // already in rank order.
-    Step s = exchange(1 - r, 1 - r, Span{Buf::Output, 0, count});
-    s.operand = input;
-    s.finalize = finalize;
-    plan.steps.push_back(s);
+    const Span output{Buf::Output, 0, count};
+    if (!in_place) {
+      Step s = exchange(1 - r, 1 - r, output);
+      s.operand = input;
+      s.finalize = finalize;
+      plan.steps.push_back(s);
+      return plan;
+    }
+    // In place the input may only be overwritten once it has been sent: a
+    // send that fits a step completes without the peer, then the peer's
+    // message is reduced into it.
+    Step send = fused_step(count);
+    send.local = input;
+    send.send_peer = 1 - r;
+    Step reduce = fused_step(count);
+    reduce.recv_peer = 1 - r;
+    reduce.local = input;
+    reduce.dst = output;
+    reduce.finalize = finalize;
+    reduce.wait_sends = true;  // a send by reference still reads the input
+    plan.steps.push_back(send);
+    plan.steps.push_back(reduce);
     return plan;
   }
   // Contributions land in Scratch (ours too, so that in-place Output can be

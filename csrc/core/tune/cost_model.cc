@@ -189,7 +189,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           // Staged: its own input copied in, the peers' contributions reduced
           // in a pass of their own rather than straight from their messages.
           return (n - 1) * (msg(shared, S) + S * g) +
-                 (algo::oneshot_stages(topo.size, in_place) ? 2 * copy : 0);
+                 (algo::oneshot_stages(topo.size, in_place, bytes, topo.step_bytes) ? 2 * copy : 0);
         case Algorithm::Rd: {
           const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
           return inside * (msg(model.shm, S) + S * g) + across * (msg(shared, S) + S * g) + fold +

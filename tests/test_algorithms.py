@@ -2,7 +2,8 @@
 broadcast and reduce (chain, tree), on world sizes 1 to 9.
 
 The pools use tiny connection slots (see weft_pool.SMALL_SLOTS), so the larger counts run
-through many slices and chunked rounds, which is where pipelined algorithms can go wrong. Each
+through many slices and chunked rounds, which is where pipelined algorithms can go wrong;
+shm-cma sends messages from 4 KiB by reference, which the peer reads while the sender waits. Each
 case makes a communicator with ``algo=`` on the pool's store and reuses the collective checks
 of test_collectives.py.
 """
@@ -27,6 +28,7 @@ WORLDS = (
     [(n, "shm-small") for n in range(1, 10)]
     + [(n, "tcp-small") for n in range(2, 10)]
     + [(n, "hosts-of-2") for n in (4, 6)]
+    + [(n, "shm-cma") for n in (2, 3)]
 )
 COUNTS = (0, 1, 5, 4099)  # 4099 is prime
 LARGE = 65537  # prime; 256 KiB of float32 crosses 64 slots
@@ -86,6 +88,38 @@ def test_forced_algorithm(pools, size, transport, collective, algo):
     pool = pools.get(size, transport)
     assert_no_mismatch(pool.run(case_forced, collective, algo, DTYPES, OPS, COUNTS))
     assert_no_mismatch(pool.run(case_forced, collective, algo, LARGE_DTYPES, OPS, (LARGE,)))
+
+
+def case_oneshot_in_place_at_full_steps(ctx, counts):
+    """Two ranks' in-place oneshot sends its whole input before it reduces the peer's message
+    into it. Were that send by reference (process_vm_readv, or a socket's buffer smaller than
+    a step), waiting for it to leave before the reduction would wait for a peer that waits too."""
+    comm = weft.Communicator(
+        ctx.store,
+        ctx.rank,
+        ctx.size,
+        name=ctx.fresh_name("oneshot"),
+        timeout=COMM_TIMEOUT_S,
+        algo="oneshot",
+    )
+    lines = []
+    for count in counts:
+        for call in range(3):
+            mine = np.arange(count, dtype=np.float32) % 1000 * (ctx.rank + 1) + call
+            buf = make_buffer("np.float32", mine)
+            comm.allreduce(buf)
+            want = np.arange(count, dtype=np.float32) % 1000 * 3 + 2 * call
+            if not np.array_equal(buf, want):
+                lines.append(f"rank {ctx.rank}: {count} floats, call {call}: wrong sum")
+    return lines
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm", "shm-cma"])
+def test_oneshot_in_place_on_two_ranks_at_full_steps(pools, transport):
+    # 64 KiB, 1 MiB and 2 MiB: up to a whole tcp step (1 MiB x 4 slots / 2); shm's step (1 MiB)
+    # takes the larger ones in the staged form.
+    counts = (16 << 10, 256 << 10, 512 << 10)
+    assert_no_mismatch(pools.get(2, transport).run(case_oneshot_in_place_at_full_steps, counts))
 
 
 FLOAT_DTYPES = ("np.float32", "np.float64", "np.float16", "torch.bfloat16")

@@ -118,8 +118,8 @@ inline size_t hier_pieces(size_t hosts, size_t local, size_t step, size_t count)
 Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // Whether oneshot stages the contributions in Scratch (its own copied in, a
 // reduction of its own afterwards). Two ranks reduce straight from the peer's
-// message: out of place in one exchange, in place once their own `bytes` have
-// left, which needs them to fit a step (`step_bytes`).
+// message: out of place in one exchange, in place once copies of their own
+// `bytes` have been sent, which needs them to fit a step (`step_bytes`).
 inline bool oneshot_stages(int size, bool in_place, size_t bytes, size_t step_bytes) {
   return size > 2 || (in_place && bytes > step_bytes);
 }

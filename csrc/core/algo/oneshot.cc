@@ -27,18 +27,18 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
       plan.steps.push_back(s);
       return plan;
     }
-    // In place the input may only be overwritten once it has been sent: a
-    // send that fits a step completes without the peer, then the peer's
-    // message is reduced into it.
+    // In place the input is sent first, as copies (a step that fits the
+    // step budget completes without the peer), and then overwritten by the
+    // reduction of the peer's message with it.
     Step send = fused_step(count);
     send.local = input;
     send.send_peer = 1 - r;
+    send.copy_sends = true;
     Step reduce = fused_step(count);
     reduce.recv_peer = 1 - r;
     reduce.local = input;
     reduce.dst = output;
     reduce.finalize = finalize;
-    reduce.wait_sends = true;  // a send by reference still reads the input
     plan.steps.push_back(send);
     plan.steps.push_back(reduce);
     return plan;

@@ -52,6 +52,10 @@ struct Step {
   // Wait until every earlier send has left the process first: set on steps
   // that overwrite memory an earlier step sent by reference (in-place ops).
   bool wait_sends = false;
+  // Fused: send copies of `local`, never `local` itself by reference, so that
+  // a later step may overwrite it at once (waiting instead for a reference to
+  // be read can deadlock when the peer reads it only after its own wait).
+  bool copy_sends = false;
   // Fused: the stream length (every present span has this count).
   size_t count = 0;
 };

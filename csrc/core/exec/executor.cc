@@ -210,7 +210,7 @@ class Run {
       char* dst = s.dst ? address(*s.dst) + off * elem_ : nullptr;
       // Plain send of memory that already holds the data: let the transport
       // pick copy or reference.
-      if (!rc && sc && !dst && div == 0) {
+      if (!rc && sc && !dst && div == 0 && !s.copy_sends) {
         wait_until([&] { return sc->send_from(local, bytes); }, "send to", s.send_peer, false);
         continue;
       }

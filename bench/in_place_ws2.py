@@ -33,7 +33,7 @@ def rank_main(rank, size, store, nbytes, calls, blocks):
     comms = {
         f: weft.Communicator(store, rank, size, name=f, algo=f) for f in ("oneshot", "rd", "ring")
     }
-    data = np.ones(nbytes // 4, dtype=np.float32)
+    data = np.zeros(nbytes // 4, dtype=np.float32)  # stays finite however often it is summed
     out = np.empty_like(data)
     figures = {label: [] for label, _, _ in FORMS}
     for _ in range(blocks):

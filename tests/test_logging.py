@@ -124,3 +124,22 @@ def test_silent_by_default():
         logs = [ranks.stderr(r) for r in range(3)]
     for rank, stderr in enumerate(logs):
         assert "weft[" not in stderr, f"rank {rank} logged without WEFT_DEBUG:\n{stderr}"
+
+
+def scenario_connect(rank, size, store):
+    import weft
+
+    weft.Communicator(store, rank, size, timeout=60).barrier()
+
+
+def test_shm_cma_pool_sends_by_reference():
+    # The tests' shm-cma pool (weft_pool.py) checks Plans against sends by reference; where the
+    # kernel refuses process_vm_readv, shared memory silently copies and those tests prove less.
+    env = {"WEFT_DEBUG": "INFO", "WEFT_TRANSPORT": "shm", "WEFT_SHM_CMA": "1"}
+    with Ranks(scenario_connect, 2, env=env) as ranks:
+        ranks.results(timeout=120)
+        logs = [ranks.stderr(r) for r in range(2)]
+    if any("sends by reference unavailable" in stderr for stderr in logs):
+        pytest.skip("the kernel refuses process_vm_readv between these processes")
+    for stderr in logs:
+        assert "sends by reference on" in stderr, "\n".join(weft_lines(stderr))

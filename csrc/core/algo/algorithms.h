@@ -114,14 +114,16 @@ inline size_t hier_pieces(size_t hosts, size_t local, size_t step, size_t count)
 }
 
 // Every rank sends its whole Input to every peer and reduces locally in rank
-// order, so every rank computes bit-identical results. Uses Scratch.
+// order, so every rank computes bit-identical results. Stages in Scratch
+// where oneshot_stages says so.
 Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // Whether oneshot stages the contributions in Scratch (its own copied in, a
 // reduction of its own afterwards). Two ranks reduce straight from the peer's
 // message: out of place in one exchange, in place once copies of their own
-// `bytes` have been sent, which needs them to fit a step (`step_bytes`).
+// `bytes` have been sent, which needs them to fit under a step (`step_bytes`,
+// a power of two: so a trial range of sizes runs one form).
 inline bool oneshot_stages(int size, bool in_place, size_t bytes, size_t step_bytes) {
-  return size > 2 || (in_place && bytes > step_bytes);
+  return size > 2 || (in_place && bytes >= step_bytes);
 }
 // Zero-byte messages to and from every peer.
 Plan barrier(const PlanContext& ctx);

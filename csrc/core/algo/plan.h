@@ -55,6 +55,8 @@ struct Step {
   // Fused: send copies of `local`, never `local` itself by reference, so that
   // a later step may overwrite it at once (waiting instead for a reference to
   // be read can deadlock when the peer reads it only after its own wait).
+  // Only the CPU executor reads it: the nccl group schedule closes a batch of
+  // sends before anything overwrites what they read.
   bool copy_sends = false;
   // Fused: the stream length (every present span has this count).
   size_t count = 0;

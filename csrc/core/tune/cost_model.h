@@ -82,8 +82,9 @@ std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo);
 
 // Predicted seconds for `bytes` per rank (the buffer each rank contributes;
 // for allgather, each rank's block), from the link figures alone, in place
-// (output and input one buffer) or not: families that keep their input
-// until it is sent copy more in place. Throws InvalidArgument when `a` has no
+// (output and input one buffer) or not: the price includes the local copies
+// a family's Plan makes in that form (oneshot staging its contributions, rd
+// moving its result out of Scratch). Throws InvalidArgument when `a` has no
 // form for `c` on `topo`.
 double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
                const CostModel& model, bool in_place = false);

@@ -49,11 +49,16 @@ CASES = {
 }
 
 
-def case_forced(ctx, collective, algo, dtypes, ops, counts):
-    """Runs the collective's checks on a communicator that must use ``algo``."""
-    comm = weft.Communicator(
+def forced_communicator(ctx, algo: str) -> weft.Communicator:
+    """A new communicator of the pool's world held to family ``algo``."""
+    return weft.Communicator(
         ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name(algo), timeout=COMM_TIMEOUT_S, algo=algo
     )
+
+
+def case_forced(ctx, collective, algo, dtypes, ops, counts):
+    """Runs the collective's checks on a communicator that must use ``algo``."""
+    comm = forced_communicator(ctx, algo)
     chosen, predicted = comm.algorithm(collective, 4096)
     if ctx.size > 1 and chosen != algo:
         return [f"rank {ctx.rank}: {collective} forced to {algo} chose {chosen}"]
@@ -94,14 +99,7 @@ def case_oneshot_in_place_at_full_steps(ctx, counts):
     """Two ranks' in-place oneshot sends its whole input before it reduces the peer's message
     into it. Were that send by reference (process_vm_readv, or a socket's buffer smaller than
     a step), waiting for it to leave before the reduction would wait for a peer that waits too."""
-    comm = weft.Communicator(
-        ctx.store,
-        ctx.rank,
-        ctx.size,
-        name=ctx.fresh_name("oneshot"),
-        timeout=COMM_TIMEOUT_S,
-        algo="oneshot",
-    )
+    comm = forced_communicator(ctx, "oneshot")
     lines = []
     for count in counts:
         for call in range(3):
@@ -149,9 +147,7 @@ def min_max_reference(op: str, size: int, count: int) -> np.ndarray:
 def case_min_max_agree(ctx, algo):
     """MIN and MAX with NaNs and signed zeros: every rank gets the same bits, whichever order
     its algorithm combines the operands in."""
-    comm = weft.Communicator(
-        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name(algo), timeout=COMM_TIMEOUT_S, algo=algo
-    )
+    comm = forced_communicator(ctx, algo)
     lines = []
     count = 1031
     for dtype in FLOAT_DTYPES:
@@ -191,15 +187,7 @@ def choosing_and_forced_ring(ctx):
     comm = weft.Communicator(
         ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("auto"), timeout=COMM_TIMEOUT_S
     )
-    forced = weft.Communicator(
-        ctx.store,
-        ctx.rank,
-        ctx.size,
-        name=ctx.fresh_name("ring"),
-        timeout=COMM_TIMEOUT_S,
-        algo="ring",
-    )
-    return comm, forced
+    return comm, forced_communicator(ctx, "ring")
 
 
 def case_measured_plans(ctx):

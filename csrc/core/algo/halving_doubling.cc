@@ -15,15 +15,21 @@
 namespace weft::algo {
 namespace {
 
+// The largest power of two <= size: the group the rounds run in.
+int fold_group(int size) {
+  int group = 1;
+  while (group * 2 <= size) group *= 2;
+  return group;
+}
+
 // The power-of-two group and this rank's place in it.
 struct Fold {
-  int group = 1;      // largest power of two <= size
+  int group = 1;      // fold_group(size)
   int rem = 0;        // size - group
   int new_rank = -1;  // position in the group; -1 for a rank that sits out
   int partner = -1;   // the rank it folds with, or -1
 
-  explicit Fold(const PlanContext& ctx) {
-    while (group * 2 <= ctx.size) group *= 2;
+  explicit Fold(const PlanContext& ctx) : group(fold_group(ctx.size)) {
     rem = ctx.size - group;
     const int r = ctx.rank;
     if (r < 2 * rem) {
@@ -86,10 +92,9 @@ Buf doubling_round_target(Buf cur, bool in_place) {
 }  // namespace
 
 bool recursive_doubling_copies_result(int size, bool in_place) {
-  int group = 1, rounds = 0;
-  for (; group * 2 <= size; group *= 2) ++rounds;
+  const int group = fold_group(size);
   auto ends_in_scratch = [&](Buf cur) {
-    for (int k = 0; k < rounds; ++k) cur = doubling_round_target(cur, in_place);
+    for (int mask = 1; mask < group; mask *= 2) cur = doubling_round_target(cur, in_place);
     return cur == Buf::Scratch;
   };
   // Ranks outside the fold start from Input; those that took a partner's

@@ -287,6 +287,58 @@ def test_bad_arguments(pools, size, transport):
     assert_no_mismatch(pools.get(size, transport).run(case_bad_arguments))
 
 
+# The operations' parameters, as a Python function's would be (help() shows these).
+SIGNATURES = {
+    "allreduce": "(self, /, buf, op='sum', out=None, async_=False)",
+    "reduce_scatter": "(self, /, buf, op='sum', out=None, async_=False)",
+    "allgather": "(self, /, buf, out=None, async_=False)",
+    "broadcast": "(self, /, buf, root=0, async_=False)",
+    "reduce": "(self, /, buf, root=0, op='sum', out=None, async_=False)",
+    "barrier": "(self, /, async_=False)",
+    "alltoall": "(self, /, buf, out, send_counts=None, recv_counts=None, async_=False)",
+    "gather": "(self, /, buf, root=0, out=None, async_=False)",
+    "scatter": "(self, /, out, root=0, buf=None, async_=False)",
+    "send": "(self, /, buf, peer, tag=0, async_=False)",
+    "recv": "(self, /, buf, peer=None, tag=0, async_=False)",
+}
+
+
+def test_call_arguments_are_matched_as_python_matches_them():
+    """The operations take their arguments as Python functions do (they are bound through
+    vectorcall, not pybind11's dispatcher), with Python's TypeErrors for calls that do not fit."""
+    import inspect
+
+    import torch.distributed as dist
+    import weft
+
+    for name, signature in SIGNATURES.items():
+        assert str(inspect.signature(getattr(weft.Communicator, name))) == signature, name
+    comm = weft.Communicator(dist.HashStore(), 0, 1, name="arguments")
+    buf = np.arange(5, dtype=np.float32)
+    out = np.zeros(5, np.float32)
+    assert comm.allreduce(buf, "max", out) is out
+    np.testing.assert_array_equal(out, buf)
+    assert comm.allreduce(out=out, buf=buf, op="min").tolist() == buf.tolist()
+    assert comm.allreduce(buf, async_=True).wait() is buf
+    assert comm.reduce(buf, 0, "sum", out, False) is out
+    assert comm.alltoall(buf, out, [5], recv_counts=[5]) is out
+    refused = [
+        (lambda: comm.allreduce(), r"allreduce\(\) missing required argument 'buf'"),
+        (lambda: comm.allreduce(buf, bogus=1), r"unexpected keyword argument 'bogus'"),
+        (lambda: comm.allreduce(buf, buf=buf), r"multiple values for argument 'buf'"),
+        (lambda: comm.allreduce(buf, "sum", None, False, 1), r"at most 4 arguments"),
+        (lambda: comm.allreduce(buf, op=3), r"op has the wrong type \(int\)"),
+        (lambda: comm.broadcast(buf, root="0"), r"root has the wrong type \(str\)"),
+        (lambda: comm.alltoall(buf), r"missing required argument 'out'"),
+        (lambda: comm.alltoall(buf, out, send_counts=5), r"send_counts has the wrong type"),
+        (lambda: comm.send(buf, tag=1), r"missing required argument 'peer'"),
+    ]
+    for call, message in refused:
+        with pytest.raises(TypeError, match=message):
+            call()
+    np.testing.assert_array_equal(comm.allreduce(buf.copy(), op="sum"), buf)
+
+
 def case_bad_construction(ctx, timeout_s):
     """Communicators with an impossible rank/size are refused at once on this rank."""
     import weft

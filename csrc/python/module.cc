@@ -12,6 +12,8 @@
 #include "core/comm.h"
 #include "core/common/config.h"
 #include "core/common/error.h"
+#include "errors.h"
+#include "fast_method.h"
 #include "schedule.h"
 #include "store.h"
 #include "topo.h"
@@ -318,12 +320,101 @@ class PyCommunicator {
   std::unique_ptr<Communicator> comm_;
 };
 
-PyObject* new_exception(py::module_& m, const char* name, PyObject* bases, const char* doc) {
-  std::string qualified = std::string("weft._C.") + name;
-  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
-  m.add_object(name, py::handle(type));
-  return type;
-}
+PyCommunicator& communicator(py::handle self) { return self.cast<PyCommunicator&>(); }
+
+// The operations, bound as fast methods (fast_method.h). Defaults are Python
+// literals: they are what help() shows and what a call that leaves them out gets.
+constexpr FastMethod kAllreduce{
+    "allreduce",
+    {{{"buf"}, {"op", "'sum'"}, {"out", "None"}, {"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) {
+      return communicator(self).allreduce(a[0], a.get<std::string>(1), a[2], a.get<bool>(3));
+    },
+    "Reduces buf over all ranks with op ('sum', 'prod', 'min', 'max', 'avg'); the result goes "
+    "to out, or into buf without it (in place). Returns the result (a Handle with async_)."};
+
+constexpr FastMethod kReduceScatter{
+    "reduce_scatter",
+    {{{"buf"}, {"op", "'sum'"}, {"out", "None"}, {"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) {
+      return communicator(self).reduce_scatter(a[0], a.get<std::string>(1), a[2], a.get<bool>(3));
+    },
+    "Reduces buf (size x n elements) over all ranks; rank r's out gets block r of the result."};
+
+constexpr FastMethod kAllgather{
+    "allgather",
+    {{{"buf"}, {"out", "None"}, {"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) {
+      return communicator(self).allgather(a[0], a[1], a.get<bool>(2));
+    },
+    "Every rank's buf, concatenated in rank order, into out (size x n elements) on every rank."};
+
+constexpr FastMethod kBroadcast{"broadcast",
+                                {{{"buf"}, {"root", "0"}, {"async_", "False"}}},
+                                [](py::handle self, const CallArgs& a) {
+                                  return communicator(self).broadcast(a[0], a.get<int>(1),
+                                                                      a.get<bool>(2));
+                                },
+                                "Copies root's buf into buf on every rank."};
+
+constexpr FastMethod kReduce{
+    "reduce",
+    {{{"buf"}, {"root", "0"}, {"op", "'sum'"}, {"out", "None"}, {"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) {
+      return communicator(self).reduce(a[0], a.get<int>(1), a.get<std::string>(2), a[3],
+                                       a.get<bool>(4));
+    },
+    "Reduces buf over all ranks into root's out (or root's buf without it)."};
+
+constexpr FastMethod kBarrier{
+    "barrier",
+    {{{"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) { return communicator(self).barrier(a.get<bool>(0)); },
+    "Returns once every rank has called it."};
+
+constexpr FastMethod kAlltoall{
+    "alltoall",
+    {{{"buf"}, {"out"}, {"send_counts", "None"}, {"recv_counts", "None"}, {"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) {
+      using Counts = std::optional<std::vector<size_t>>;
+      return communicator(self).alltoall(a[0], a[1], a.get<Counts>(2), a.get<Counts>(3),
+                                         a.get<bool>(4));
+    },
+    "Sends block p of buf to rank p and receives rank p's block for this rank into block p of "
+    "out; blocks are equal unless send_counts and recv_counts (elements per rank) say otherwise."};
+
+constexpr FastMethod kGather{
+    "gather",
+    {{{"buf"}, {"root", "0"}, {"out", "None"}, {"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) {
+      return communicator(self).gather(a[0], a.get<int>(1), a[2], a.get<bool>(3));
+    },
+    "Every rank's buf, in rank order, into root's out; None on the other ranks."};
+
+constexpr FastMethod kScatter{"scatter",
+                              {{{"out"}, {"root", "0"}, {"buf", "None"}, {"async_", "False"}}},
+                              [](py::handle self, const CallArgs& a) {
+                                return communicator(self).scatter(a[0], a.get<int>(1), a[2],
+                                                                  a.get<bool>(3));
+                              },
+                              "Block r of root's buf into rank r's out."};
+
+constexpr FastMethod kSend{"send",
+                           {{{"buf"}, {"peer"}, {"tag", "0"}, {"async_", "False"}}},
+                           [](py::handle self, const CallArgs& a) {
+                             return communicator(self).send(a[0], a.get<int>(1), a.get<uint32_t>(2),
+                                                            a.get<bool>(3));
+                           },
+                           "Sends buf to peer, matched by the peer's recv with the same tag."};
+
+constexpr FastMethod kRecv{
+    "recv",
+    {{{"buf"}, {"peer", "None"}, {"tag", "0"}, {"async_", "False"}}},
+    [](py::handle self, const CallArgs& a) {
+      return communicator(self).recv(a[0], a.get<std::optional<int>>(1), a.get<uint32_t>(2),
+                                     a.get<bool>(3));
+    },
+    "Receives into buf from peer (any rank when None) with tag; returns the sender's rank."};
 
 }  // namespace
 }  // namespace weft::python
@@ -337,34 +428,7 @@ PYBIND11_MODULE(_C, m) {
   bind_cuda(m);
 #endif
 
-  static PyObject* error = new_exception(m, "Error", PyExc_RuntimeError, "Any weft error.");
-  static PyObject* invalid =
-      new_exception(m, "InvalidArgument",
-                    py::make_tuple(py::handle(error), py::handle(PyExc_ValueError)).release().ptr(),
-                    "A call was given something wrong; nothing was sent.");
-  static PyObject* peer =
-      new_exception(m, "PeerError", error, "A peer died, closed or misbehaved.");
-  static PyObject* timeout = new_exception(
-      m, "TimeoutError",
-      py::make_tuple(py::handle(error), py::handle(PyExc_TimeoutError)).release().ptr(),
-      "Nothing progressed within the communicator's timeout.");
-  static PyObject* aborted =
-      new_exception(m, "AbortedError", error, "The communicator was aborted by an earlier error.");
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const weft::InvalidArgument& e) {
-      PyErr_SetString(invalid, e.what());
-    } catch (const weft::PeerError& e) {
-      PyErr_SetString(peer, e.what());
-    } catch (const weft::TimeoutError& e) {
-      PyErr_SetString(timeout, e.what());
-    } catch (const weft::AbortedError& e) {
-      PyErr_SetString(aborted, e.what());
-    } catch (const weft::Error& e) {
-      PyErr_SetString(error, e.what());
-    }
-  });
+  bind_errors(m);
 
   m.def(
       "host_id", []() { return weft::config().host_id; },
@@ -394,7 +458,9 @@ PYBIND11_MODULE(_C, m) {
            "Waits for the operation (at most `timeout` seconds) and returns its result.")
       .def("test", &Handle::test, "True once the operation has finished.");
 
-  py::class_<PyCommunicator>(m, "Communicator", "A group of ranks that run collectives together.")
+  py::class_<PyCommunicator> communicator_class(m, "Communicator",
+                                                "A group of ranks that run collectives together.");
+  communicator_class
       .def(py::init<py::object, int, int, const std::string&, const py::object&,
                     const std::string&>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::kw_only(),
@@ -424,28 +490,11 @@ PYBIND11_MODULE(_C, m) {
            "trials of algorithm families (the first calls in each power-of-two range of sizes, "
            "where the tuner chooses; in-place calls have trials of their own; see README, "
            "'Algorithms and the tuner').")
-      .def("allreduce", &PyCommunicator::allreduce, py::arg("buf"), py::arg("op") = "sum",
-           py::arg("out") = py::none(), py::arg("async_") = false)
-      .def("reduce_scatter", &PyCommunicator::reduce_scatter, py::arg("buf"), py::arg("op") = "sum",
-           py::arg("out") = py::none(), py::arg("async_") = false)
-      .def("allgather", &PyCommunicator::allgather, py::arg("buf"), py::arg("out") = py::none(),
-           py::arg("async_") = false)
-      .def("broadcast", &PyCommunicator::broadcast, py::arg("buf"), py::arg("root") = 0,
-           py::arg("async_") = false)
-      .def("reduce", &PyCommunicator::reduce, py::arg("buf"), py::arg("root") = 0,
-           py::arg("op") = "sum", py::arg("out") = py::none(), py::arg("async_") = false)
-      .def("barrier", &PyCommunicator::barrier, py::arg("async_") = false)
-      .def("alltoall", &PyCommunicator::alltoall, py::arg("buf"), py::arg("out"),
-           py::arg("send_counts") = py::none(), py::arg("recv_counts") = py::none(),
-           py::arg("async_") = false)
-      .def("gather", &PyCommunicator::gather, py::arg("buf"), py::arg("root") = 0,
-           py::arg("out") = py::none(), py::arg("async_") = false)
-      .def("scatter", &PyCommunicator::scatter, py::arg("out"), py::arg("root") = 0,
-           py::arg("buf") = py::none(), py::arg("async_") = false)
-      .def("send", &PyCommunicator::send, py::arg("buf"), py::arg("peer"), py::arg("tag") = 0,
-           py::arg("async_") = false)
-      .def("recv", &PyCommunicator::recv, py::arg("buf"), py::arg("peer") = py::none(),
-           py::arg("tag") = 0, py::arg("async_") = false)
       .def("abort", &PyCommunicator::abort, py::arg("reason") = "abort() called",
            "Fails every pending and later operation here and on the peers.");
+  for (auto def : {def_fast<kAllreduce>, def_fast<kReduceScatter>, def_fast<kAllgather>,
+                   def_fast<kBroadcast>, def_fast<kReduce>, def_fast<kBarrier>, def_fast<kAlltoall>,
+                   def_fast<kGather>, def_fast<kScatter>, def_fast<kSend>, def_fast<kRecv>}) {
+    def(communicator_class);
+  }
 }

@@ -346,6 +346,21 @@ def test_send_recv_ring(pools, size, transport, use_async):
     assert_no_mismatch(per_rank)
 
 
+# Messages of up to 32 bytes travel in their shared-memory slot's header; these counts put
+# messages on both sides of that size in every dtype here (int8: 31-33 bytes, float32: 16-36,
+# float64: 32-72).
+HEADER_BOUNDARY_COUNTS = (4, 8, 9, 31, 32, 33)
+HEADER_BOUNDARY_DTYPES = ("np.int8", "np.float32", "np.float64")
+
+
+@world_params([(2, "shm"), (3, "shm")])
+def test_messages_around_the_slot_header_payload(pools, size, transport):
+    pool = pools.get(size, transport)
+    dtypes, counts = HEADER_BOUNDARY_DTYPES, HEADER_BOUNDARY_COUNTS
+    assert_no_mismatch(pool.run(case_allreduce, dtypes, ("sum", "max"), counts))
+    assert_no_mismatch(pool.run(case_send_recv_ring, dtypes, counts, False))
+
+
 def case_recv_posted_before_send(ctx, count, wait_s):
     """The usual non-blocking exchange: post the receive from the left, then the send to the
     right, then wait for both. No rank can finish its receive before its right neighbour's

@@ -3,7 +3,8 @@
 // the sender maps it and checks its FifoInfo.
 //
 //   FifoControl   info | head | tail | closed flags, each on its own 128 bytes
-//   SlotHeader[]  one 64-byte header per slot: length, kind, address
+//   SlotHeader[]  one 64-byte header per slot: length, kind, address, and
+//                 messages of up to 32 bytes
 //   slot data     `slots` x stride bytes, each slot 4096-aligned
 //
 // head counts messages posted (written only by the sender), tail counts
@@ -21,7 +22,7 @@ namespace weft::shm {
 constexpr size_t kFifoAlign = 128;
 constexpr size_t kSlotAlign = 4096;
 constexpr uint64_t kFifoMagic = 0x6f6669666d687377ULL;  // "wshmfifo"
-constexpr uint32_t kFifoVersion = 1;
+constexpr uint32_t kFifoVersion = 2;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters need lock-free atomics");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared flags need lock-free atomics");
@@ -46,7 +47,13 @@ struct FifoControl {
 enum SlotKind : uint32_t {
   kSlotInline = 1,     // the message is in the slot's data
   kSlotReference = 2,  // the message is at `address` in the sender (process_vm_readv)
+  kSlotInHeader = 3,   // the message is the header's `payload`
 };
+
+// A message this small travels in its slot's header: the receiver reads that
+// line anyway, so it takes one cache line from the sender's core where the
+// slot's data would take two.
+constexpr size_t kHeaderPayloadBytes = 32;
 
 // Written by the sender before it publishes head; read by the receiver after.
 struct alignas(64) SlotHeader {
@@ -54,8 +61,10 @@ struct alignas(64) SlotHeader {
   uint32_t kind;
   uint32_t reserved;
   uint64_t address;
-  uint64_t operation;  // op_signature.h
+  uint64_t operation;                                      // op_signature.h
+  alignas(32) unsigned char payload[kHeaderPayloadBytes];  // kSlotInHeader
 };
+static_assert(sizeof(SlotHeader) == 64, "a slot header is one cache line");
 
 struct FifoLayout {
   size_t slots = 0;

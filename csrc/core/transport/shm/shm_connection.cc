@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -68,12 +69,20 @@ class ShmConnection final : public Connection {
   void post_send(size_t bytes) override {
     check_size(bytes, "post_send");
     if (!send_slot_free()) throw InvalidArgument("shm post_send: no slot was free");
+    if (bytes > 0 && bytes <= shm::kHeaderPayloadBytes) {
+      publish_in_header(out_.data(send_index_), bytes);
+      return;
+    }
     publish(shm::kSlotInline, bytes, 0);
   }
 
   bool send_from(const void* src, size_t bytes) override {
     check_size(bytes, "send_from");
     if (!send_slot_free()) return false;
+    if (bytes > 0 && bytes <= shm::kHeaderPayloadBytes) {
+      publish_in_header(src, bytes);
+      return true;
+    }
     if (use_cma_ && bytes >= cma_min_bytes_) {
       ref_end_ = send_pos_ + 1;
       publish(shm::kSlotReference, bytes, reinterpret_cast<uintptr_t>(src));
@@ -96,6 +105,7 @@ class ShmConnection final : public Connection {
     if (!recv_ready()) return nullptr;
     const SlotHeader& header = checked_header(bytes);
     if (header.kind == shm::kSlotInline) return in_.data(recv_index_);
+    if (header.kind == shm::kSlotInHeader) return header.payload;
     if (bounce_pos_ != recv_pos_) {
       if (!bounce_) bounce_.reset(allocate_bounce());
       shm::cma_read(peer_pid_, header.address, bounce_.get(), bytes);
@@ -148,6 +158,8 @@ class ShmConnection final : public Connection {
     const SlotHeader& header = checked_header(bytes);
     if (header.kind == shm::kSlotReference) {
       shm::cma_read(peer_pid_, header.address, dst, bytes);
+    } else if (header.kind == shm::kSlotInHeader) {
+      std::memcpy(dst, header.payload, bytes);
     } else if (bytes > 0) {
       reduce::copy(dst, nullptr, in_.data(recv_index_), bytes, streaming);
     }
@@ -174,6 +186,11 @@ class ShmConnection final : public Connection {
     out_.control().head.store(send_pos_, kRelease);
   }
 
+  void publish_in_header(const void* src, size_t bytes) {
+    std::memcpy(out_.header(send_index_).payload, src, bytes);
+    publish(shm::kSlotInHeader, bytes, 0);
+  }
+
   bool recv_ready() {
     if (recv_head_ != recv_pos_) return true;
     recv_head_ = in_.control().head.load(kAcquire);
@@ -191,7 +208,8 @@ class ShmConnection final : public Connection {
     if (header.length != bytes) {
       throw OutOfStepError(length_mismatch(bytes, header.length));
     }
-    if (header.kind != shm::kSlotInline && header.kind != shm::kSlotReference) {
+    if (header.kind != shm::kSlotInline && header.kind != shm::kSlotReference &&
+        header.kind != shm::kSlotInHeader) {
       throw PeerError("shared-memory FIFO corrupted: unknown slot kind");
     }
     return header;

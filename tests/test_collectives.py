@@ -347,8 +347,7 @@ def test_send_recv_ring(pools, size, transport, use_async):
 
 
 # Messages of up to 32 bytes travel in their shared-memory slot's header; these counts put
-# messages on both sides of that size in every dtype here (int8: 31-33 bytes, float32: 16-36,
-# float64: 32-72).
+# messages on both sides of that size (int8: 4-33 bytes, float32: 16-132, float64: 32-264).
 HEADER_BOUNDARY_COUNTS = (4, 8, 9, 31, 32, 33)
 HEADER_BOUNDARY_DTYPES = ("np.int8", "np.float32", "np.float64")
 

@@ -1,6 +1,7 @@
 #include "fast_method.h"
 
 #include <exception>
+#include <new>
 
 #include "errors.h"
 
@@ -27,9 +28,10 @@ int Params::index_of(PyObject* name) const {
     if (names_[i] == name) return static_cast<int>(i);
   }
   for (size_t i = 0; i < size_; ++i) {
-    if (PyUnicode_Compare(names_[i], name) == 0) return static_cast<int>(i);
+    const int order = PyUnicode_Compare(names_[i], name);
+    if (order == 0) return static_cast<int>(i);
+    if (order == -1 && PyErr_Occurred()) throw py::error_already_set();
   }
-  if (PyErr_Occurred()) throw py::error_already_set();
   return -1;
 }
 
@@ -65,9 +67,11 @@ CallArgs::CallArgs(const FastMethod& method, const Params& params, PyObject* con
 }
 
 py::type_error CallArgs::wrong_type(size_t i) const {
-  return py::type_error(
-      std::string(method_.name) + "(): " + params_.name(i) + " has the wrong type (" +
-      py::str(py::type::handle_of(values_[i]).attr("__name__")).cast<std::string>() + ")");
+  const py::handle value(values_[i]);
+  return py::type_error(std::string(method_.name) + "(): " + params_.name(i) + " cannot be " +
+                        py::repr(value).cast<std::string>() + " (" +
+                        py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>() +
+                        ")");
 }
 
 PyObject* call_fast_method(const FastMethod& method, const Params& params, PyObject* self,
@@ -79,10 +83,12 @@ PyObject* call_fast_method(const FastMethod& method, const Params& params, PyObj
     e.restore();
   } catch (const py::builtin_exception& e) {
     e.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
   } catch (const std::exception& e) {
     if (!set_weft_error(std::current_exception())) PyErr_SetString(PyExc_RuntimeError, e.what());
   } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "an unknown C++ exception");
+    PyErr_SetString(PyExc_SystemError, "an unknown C++ exception escaped a weft call");
   }
   return nullptr;
 }

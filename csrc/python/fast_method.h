@@ -64,7 +64,10 @@ class CallArgs {
   }
 
   // The argument converted as pybind11 converts it; a TypeError naming the
-  // parameter where it cannot be.
+  // parameter and the value where it cannot be (a wrong type, or a number out
+  // of the C++ type's range). Types whose conversion keeps temporaries alive
+  // (pybind11's loader_life_support) are not supported: none of the
+  // operations take one.
   template <typename T>
   T get(size_t i) const {
     try {
@@ -83,7 +86,9 @@ class CallArgs {
 };
 
 // Runs `method` on a call; returns a new reference, or nullptr with the
-// Python error set.
+// Python error set: weft's errors as weft._C's types (errors.h), pybind11's
+// and Python's as they are, std::bad_alloc as MemoryError, any other C++
+// exception as RuntimeError.
 PyObject* call_fast_method(const FastMethod& method, const Params& params, PyObject* self,
                            PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
 
@@ -102,7 +107,7 @@ const Params& params_of() {
 
 template <const FastMethod& M>
 PyObject* vectorcall(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return call_fast_method(M, params_of<M>(), self, args, static_cast<Py_ssize_t>(nargs), kwnames);
+  return call_fast_method(M, params_of<M>(), self, args, nargs, kwnames);
 }
 
 // Binds M on `cls` (replacing any method of that name).

@@ -13,7 +13,8 @@ uint64_t mix(uint64_t h, uint64_t word) {
   return h ^ (h >> 29);
 }
 
-// The text and its length (so that "ab" + "c" differs from "a" + "bc").
+// The text; its last, partial word carries the number of bytes in it (so
+// that "ab" + "c" differs from "a" + "bc").
 uint64_t mix(uint64_t h, const char* text, size_t n) {
   for (; n >= 8; text += 8, n -= 8) {
     uint64_t word;
@@ -22,7 +23,7 @@ uint64_t mix(uint64_t h, const char* text, size_t n) {
   }
   uint64_t tail = 0;
   std::memcpy(&tail, text, n);
-  return mix(h, tail ^ static_cast<uint64_t>(n) << 56);
+  return mix(h, tail ^ (static_cast<uint64_t>(n) << 56));
 }
 
 constexpr const char* kRule =

@@ -11,7 +11,8 @@ struct ShmOptions {
   size_t slot_bytes;
   int slots;
   bool cma;              // allow process_vm_readv sends by reference
-  size_t cma_min_bytes;  // smallest message sent by reference
+  size_t cma_min_bytes;  // smallest message sent by reference (above the
+                         // 32 bytes that travel in a slot header)
 };
 
 // A Connection through shared-memory FIFOs, one per direction. The two ranks

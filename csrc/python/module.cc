@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -324,9 +325,12 @@ PyCommunicator& communicator(py::handle self) { return self.cast<PyCommunicator&
 
 // The operations, bound as fast methods (fast_method.h). Defaults are Python
 // literals: they are what help() shows and what a call that leaves them out gets.
+// allreduce's and reduce_scatter's.
+constexpr std::array<Param, kMostParams> kReducingParams{
+    {{"buf"}, {"op", "'sum'"}, {"out", "None"}, {"async_", "False"}}};
+
 constexpr FastMethod kAllreduce{
-    "allreduce",
-    {{{"buf"}, {"op", "'sum'"}, {"out", "None"}, {"async_", "False"}}},
+    "allreduce", kReducingParams,
     [](py::handle self, const CallArgs& a) {
       return communicator(self).allreduce(a[0], a.get<std::string>(1), a[2], a.get<bool>(3));
     },
@@ -334,8 +338,7 @@ constexpr FastMethod kAllreduce{
     "to out, or into buf without it (in place). Returns the result (a Handle with async_)."};
 
 constexpr FastMethod kReduceScatter{
-    "reduce_scatter",
-    {{{"buf"}, {"op", "'sum'"}, {"out", "None"}, {"async_", "False"}}},
+    "reduce_scatter", kReducingParams,
     [](py::handle self, const CallArgs& a) {
       return communicator(self).reduce_scatter(a[0], a.get<std::string>(1), a[2], a.get<bool>(3));
     },

@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 
 # The committed sweep (bench/results/ws2.*, ws4.*): run it on a quiet machine.
 RESULTS = bench/results
-BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 3 --vs gloo,mpi
+BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 5 --vs gloo,mpi
 
 # The algorithm sweeps (bench/results/algos_tcp_np*.*, hier_2x2_1gbit.*): every allreduce
 # family over tcp with 4 and 8 ranks against gloo and OpenMPI (over its shared memory, and held

@@ -69,7 +69,7 @@ class ShmConnection final : public Connection {
   void post_send(size_t bytes) override {
     check_size(bytes, "post_send");
     if (!send_slot_free()) throw InvalidArgument("shm post_send: no slot was free");
-    if (bytes > 0 && bytes <= shm::kHeaderPayloadBytes) {
+    if (fits_in_header(bytes)) {
       publish_in_header(out_.data(send_index_), bytes);
       return;
     }
@@ -79,7 +79,7 @@ class ShmConnection final : public Connection {
   bool send_from(const void* src, size_t bytes) override {
     check_size(bytes, "send_from");
     if (!send_slot_free()) return false;
-    if (bytes > 0 && bytes <= shm::kHeaderPayloadBytes) {
+    if (fits_in_header(bytes)) {
       publish_in_header(src, bytes);
       return true;
     }
@@ -104,8 +104,7 @@ class ShmConnection final : public Connection {
     check_size(bytes, "recv_slot");
     if (!recv_ready()) return nullptr;
     const SlotHeader& header = checked_header(bytes);
-    if (header.kind == shm::kSlotInline) return in_.data(recv_index_);
-    if (header.kind == shm::kSlotInHeader) return header.payload;
+    if (header.kind != shm::kSlotReference) return received_bytes(header);
     if (bounce_pos_ != recv_pos_) {
       if (!bounce_) bounce_.reset(allocate_bounce());
       shm::cma_read(peer_pid_, header.address, bounce_.get(), bytes);
@@ -158,10 +157,8 @@ class ShmConnection final : public Connection {
     const SlotHeader& header = checked_header(bytes);
     if (header.kind == shm::kSlotReference) {
       shm::cma_read(peer_pid_, header.address, dst, bytes);
-    } else if (header.kind == shm::kSlotInHeader) {
-      std::memcpy(dst, header.payload, bytes);
     } else if (bytes > 0) {
-      reduce::copy(dst, nullptr, in_.data(recv_index_), bytes, streaming);
+      reduce::copy(dst, nullptr, received_bytes(header), bytes, streaming);
     }
     consume();
     return true;
@@ -184,6 +181,16 @@ class ShmConnection final : public Connection {
     ++send_pos_;
     if (++send_index_ == slots_) send_index_ = 0;
     out_.control().head.store(send_pos_, kRelease);
+  }
+
+  static bool fits_in_header(size_t bytes) {
+    return bytes > 0 && bytes <= shm::kHeaderPayloadBytes;
+  }
+
+  // Where a message that is not a reference lies: its slot's header or data.
+  const void* received_bytes(const SlotHeader& header) const {
+    return header.kind == shm::kSlotInHeader ? static_cast<const void*>(header.payload)
+                                             : in_.data(recv_index_);
   }
 
   void publish_in_header(const void* src, size_t bytes) {

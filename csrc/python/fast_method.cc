@@ -35,10 +35,9 @@ int Params::index_of(PyObject* name) const {
   return -1;
 }
 
-CallArgs::CallArgs(const FastMethod& method, const Params& params, PyObject* const* args,
-                   Py_ssize_t nargs, PyObject* kwnames)
-    : method_(method), params_(params) {
-  auto where = [&] { return std::string(method.name) + "()"; };
+CallArgs::CallArgs(const Params& params, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames)
+    : params_(params) {
+  auto where = [&] { return std::string(params.method().name) + "()"; };
   if (static_cast<size_t>(nargs) > params.size()) {
     throw py::type_error(where() + " takes at most " + std::to_string(params.size()) +
                          " arguments besides self (" + std::to_string(nargs) + " given)");
@@ -68,17 +67,17 @@ CallArgs::CallArgs(const FastMethod& method, const Params& params, PyObject* con
 
 py::type_error CallArgs::wrong_type(size_t i) const {
   const py::handle value(values_[i]);
-  return py::type_error(std::string(method_.name) + "(): " + params_.name(i) + " cannot be " +
-                        py::repr(value).cast<std::string>() + " (" +
+  return py::type_error(std::string(params_.method().name) + "(): " + params_.name(i) +
+                        " cannot be " + py::repr(value).cast<std::string>() + " (" +
                         py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>() +
                         ")");
 }
 
-PyObject* call_fast_method(const FastMethod& method, const Params& params, PyObject* self,
-                           PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+PyObject* call_fast_method(const Params& params, PyObject* self, PyObject* const* args,
+                           Py_ssize_t nargs, PyObject* kwnames) {
   try {
-    const CallArgs call(method, params, args, nargs, kwnames);
-    return method.body(self, call).release().ptr();
+    const CallArgs call(params, args, nargs, kwnames);
+    return params.method().body(self, call).release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const py::builtin_exception& e) {

@@ -39,6 +39,7 @@ struct FastMethod {
 class Params {
  public:
   explicit Params(const FastMethod& method);
+  const FastMethod& method() const { return method_; }
   size_t size() const { return size_; }
   const char* name(size_t i) const { return method_.params[i].name; }
   // The parameter called `name`, or -1.
@@ -56,8 +57,7 @@ class Params {
 // (positional first, then keywords, then defaults), with Python's TypeErrors.
 class CallArgs {
  public:
-  CallArgs(const FastMethod& method, const Params& params, PyObject* const* args, Py_ssize_t nargs,
-           PyObject* kwnames);
+  CallArgs(const Params& params, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
 
   pybind11::object operator[](size_t i) const {
     return pybind11::reinterpret_borrow<pybind11::object>(values_[i]);
@@ -80,17 +80,16 @@ class CallArgs {
  private:
   pybind11::type_error wrong_type(size_t i) const;
 
-  const FastMethod& method_;
   const Params& params_;
   std::array<PyObject*, kMostParams> values_{};
 };
 
-// Runs `method` on a call; returns a new reference, or nullptr with the
+// Runs the method `params` belongs to on a call; returns a new reference, or nullptr with the
 // Python error set: weft's errors as weft._C's types (errors.h), pybind11's
 // and Python's as they are, std::bad_alloc as MemoryError, any other C++
 // exception as RuntimeError.
-PyObject* call_fast_method(const FastMethod& method, const Params& params, PyObject* self,
-                           PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
+PyObject* call_fast_method(const Params& params, PyObject* self, PyObject* const* args,
+                           Py_ssize_t nargs, PyObject* kwnames);
 
 // Adds `def` to the class `cls` as a method.
 void add_method(pybind11::handle cls, PyMethodDef* def);
@@ -107,7 +106,7 @@ const Params& params_of() {
 
 template <const FastMethod& M>
 PyObject* vectorcall(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return call_fast_method(M, params_of<M>(), self, args, nargs, kwnames);
+  return call_fast_method(params_of<M>(), self, args, nargs, kwnames);
 }
 
 // Binds M on `cls` (replacing any method of that name).

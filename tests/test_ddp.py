@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 import weft
 import weft.local
+from weft_torch import groups
 
 BACKENDS = ["gloo", "weft"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,21 +28,14 @@ EXAMPLE = ROOT / "examples" / "train_digits.py"
 
 # ---- cases, run on every rank of a 2-rank pool -----------------------------------------------
 
-_groups: dict[str, dist.ProcessGroup] = {}
-
 
 def group_for(ctx, backend: str) -> dist.ProcessGroup:
-    """One process group per backend, created on first use and kept for the pool's life."""
-    if not dist.is_initialized():
-        torch.set_num_threads(1)
-        store = dist.PrefixStore("test-ddp", ctx.store)
-        dist.init_process_group(
-            "gloo", store=store, rank=ctx.rank, world_size=ctx.size, timeout=timedelta(seconds=30)
-        )
-    if backend not in _groups:
-        _groups[backend] = dist.new_group(backend=backend)
-    assert dist.get_backend(_groups[backend]) == backend
-    return _groups[backend]
+    """The pool's weft group or its gloo twin (weft_torch.groups: every module's cases share
+    them, since a process holds one default group)."""
+    torch.set_num_threads(1)
+    group = getattr(groups(ctx), backend)
+    assert dist.get_backend(group) == backend
+    return group
 
 
 class Net(torch.nn.Module):

@@ -114,6 +114,29 @@ def test_recursive_doubling_pays_shared_memory_inside_a_host():
     assert topo.choose("allreduce", 64 * MiB, world, m)[0] == "hier"
 
 
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+@pytest.mark.parametrize("size", [3, 4, 8])
+def test_a_chain_pipelines_whole_slices_only(collective, size):
+    # A chain forwards a message once all of it arrived: a buffer of one slice crosses the n-1
+    # links one after another, so the binomial tree (log2 n messages) is never dearer there;
+    # many slices pipeline, and the chain's time approaches one pass of the buffer.
+    m, world = model("vm-shm"), flat(size)
+    alpha, beta = m.shm.alpha_s, m.shm.beta_s_per_b
+    one_slice = world.slice_bytes
+    chain = topo.predict("chain", collective, one_slice, world, m)
+    gamma = one_slice * m.gamma_s_per_b if collective == "reduce" else 0
+    assert chain == pytest.approx((size - 1) * (alpha + one_slice * beta + gamma))
+    assert topo.predict("tree", collective, one_slice, world, m) <= chain
+    assert topo.choose(collective, 64 << 10, world, m)[0] == "tree"
+    many = 256 * one_slice
+    assert topo.choose(collective, many, world, m)[0] == "chain"
+    # Smaller slices pipeline sooner.
+    fine = topo.Topology(size=size, any_tcp=True, slice_bytes=one_slice // 4)
+    assert topo.predict("chain", collective, one_slice, fine, m) < chain
+    with pytest.raises(ValueError, match="slice_bytes"):
+        topo.Topology(size=size, slice_bytes=0)
+
+
 def test_families_without_a_form_are_not_offered():
     # rhd's reduce-scatter and allgather need a power of two; hier needs several hosts.
     assert "rhd" in topo.algorithms_for("reduce_scatter", flat(8))

@@ -305,6 +305,7 @@ void Communicator::learn_topology() {
   cpu_placement::note_ranks_sharing_cpus(sharing, index);
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   topology_.step_bytes = step_limit_bytes_;
+  topology_.slice_bytes = slice_bytes_;
   if (forced_algorithm_ == Algorithm::Auto) return;
   for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather,
                        Collective::Broadcast, Collective::Reduce}) {

@@ -62,7 +62,7 @@ void bind_topo(py::module_& parent) {
 
   py::class_<Topology>(m, "Topology", "The shape of a world.")
       .def(py::init([](int size, int hosts, int ranks_per_host, bool any_tcp, bool ranks_by_host,
-                       size_t step_bytes) {
+                       size_t step_bytes, size_t slice_bytes) {
              if (size < 1 || hosts < 1 || hosts > size) {
                throw InvalidArgument("Topology needs 1 <= hosts <= size");
              }
@@ -75,21 +75,25 @@ void bind_topo(py::module_& parent) {
              topology.any_tcp = any_tcp || hosts > 1;
              topology.ranks_by_host = ranks_by_host;
              topology.step_bytes = step_bytes;
+             if (slice_bytes == 0) throw InvalidArgument("Topology needs slice_bytes >= 1");
+             topology.slice_bytes = slice_bytes;
              return topology;
            }),
            py::arg("size"), py::arg("hosts") = 1, py::arg("ranks_per_host") = -1,
            py::arg("any_tcp") = false, py::arg("ranks_by_host") = true,
            py::arg("step_bytes") = Topology{}.step_bytes,
+           py::arg("slice_bytes") = Topology{}.slice_bytes,
            "ranks_per_host=-1: size/hosts when that divides evenly, else 0 (uneven); several "
            "hosts imply tcp. ranks_by_host: rank r is on host r // ranks_per_host, as "
            "launchers number them. step_bytes: a Plan step's budget, which sets the size of "
-           "hier's pieces.")
+           "hier's pieces. slice_bytes: the largest message, in which a chain forwards.")
       .def_readwrite("size", &Topology::size)
       .def_readwrite("hosts", &Topology::hosts)
       .def_readwrite("ranks_per_host", &Topology::ranks_per_host)
       .def_readwrite("any_tcp", &Topology::any_tcp)
       .def_readwrite("ranks_by_host", &Topology::ranks_by_host)
-      .def_readwrite("step_bytes", &Topology::step_bytes);
+      .def_readwrite("step_bytes", &Topology::step_bytes)
+      .def_readwrite("slice_bytes", &Topology::slice_bytes);
 
   m.def(
       "algorithms_for",

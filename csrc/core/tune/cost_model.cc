@@ -181,6 +181,11 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   // A local copy of the buffer: about half a shared-memory message, which
   // copies the bytes in and out again.
   const double copy = S * model.shm.beta_s_per_b / 2;
+  // A chain forwards whole slices: the last of them leaves the root behind
+  // the others and then crosses the other n - 2 links, so a buffer of one
+  // slice pays n - 1 full messages (no pipelining within a slice).
+  const double slices = std::max(1.0, std::ceil(S / static_cast<double>(topo.slice_bytes)));
+  const double chain_hops = n - 2 + slices;
   switch (c) {
     case Collective::Allreduce:
       switch (a) {
@@ -241,10 +246,10 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       }
       return (n - 1) * msg(flat, S);
     case Collective::Broadcast:
-      if (a == Algorithm::Chain) return (n - 1) * flat.alpha_s + S * flat.beta_s_per_b;
+      if (a == Algorithm::Chain) return chain_hops * msg(flat, S / slices);
       return log2_ceil(topo.size) * msg(shared, S);
     case Collective::Reduce:
-      if (a == Algorithm::Chain) return (n - 1) * flat.alpha_s + S * (flat.beta_s_per_b + g);
+      if (a == Algorithm::Chain) return chain_hops * (msg(flat, S / slices) + S / slices * g);
       return log2_ceil(topo.size) * (msg(shared, S) + S * g);
     case Collective::Barrier: break;
   }

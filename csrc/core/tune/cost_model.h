@@ -66,6 +66,10 @@ struct Topology {
   // A Plan step's budget (PlanContext::max_step_bytes), which sets the size of
   // hier's pieces. 512 KiB is what the default slots give across hosts.
   size_t step_bytes = 512 << 10;
+  // The largest message (the smallest slot of the transports in use): a rank
+  // forwards a message once all of it has arrived, so pipelines (chain) move
+  // in slices of this size. 256 KiB is the default shared-memory slot.
+  size_t slice_bytes = 256 << 10;
 };
 
 const char* to_string(Algorithm a);

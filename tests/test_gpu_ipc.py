@@ -7,18 +7,20 @@ The data-path cases of test_backend.py (every dtype and op; counts 0, 1, 7, the 
 (WEFT_CUDA_PATH=ipc) with 4 KiB staging buffers, so that most counts take several rounds and
 the allreduces of 256 KiB and more run two-shot; then test_gpu_backend.py's stream semantics
 and DDP training over cuda_ipc; then, with the default staging (64 MiB per rank), operations
-of more than one round against closed-form results. Marked ``gpu``: skipped without a CUDA
+of more than one round against closed-form results, and test_torch_parallel.py's functional
+collectives and FSDP2 training. Marked ``gpu``: skipped without a CUDA
 device or without weft's CUDA build.
 """
 
 from __future__ import annotations
 
 import pytest
+import test_torch_parallel
 import torch
 import torch.distributed as dist
 import weft.cuda
 from test_gpu_backend import case_ddp_on_cuda, case_on_cuda, case_stream_semantics
-from weft_torch import assert_same, groups
+from weft_torch import assert_same, groups, weft_on
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,6 +41,12 @@ LARGE = 2 * (64 << 20) // 4 + 3
 def ramp(count: int, rank: int) -> torch.Tensor:
     """Rank ``rank``'s input: (i % 5) + rank, exact in float32 for every sum of four ranks."""
     return (torch.arange(count, device="cuda") % 5 + rank).float()
+
+
+def case_torch_parallel_on_cuda(ctx, name):
+    torch.cuda.set_device(0)
+    with weft_on("cuda"):
+        return test_torch_parallel.CASES[name](ctx)
 
 
 def case_larger_than_staging(ctx):
@@ -98,3 +106,11 @@ def test_ddp_on_cuda(pools, size, transport):
 @pytest.mark.parametrize(("size", "transport"), DEFAULT)
 def test_larger_than_staging(pools, size, transport):
     assert_same(pools.get(size, transport).run(case_larger_than_staging))
+
+
+@pytest.mark.parametrize("case", list(test_torch_parallel.CASES))
+@pytest.mark.parametrize(("size", "transport"), DEFAULT)
+def test_torch_parallel_on_cuda(pools, size, transport, case):
+    if case == "fsdp" and test_torch_parallel.fully_shard_api() is None:
+        pytest.skip(f"torch {torch.__version__} has no fully_shard or DeviceMesh.from_group")
+    assert_same(pools.get(size, transport).run(case_torch_parallel_on_cuda, case))

@@ -5,6 +5,7 @@ Each case runs on every rank of the shared pools (weft_pool.py) at world sizes 2
 on the weft group and once on a gloo group over the same ranks, with the same inputs
 (weft_torch.Twins); any difference in results or raised errors fails the test. World size 3
 shards FSDP's parameters unevenly (padded), so its all-gathers and reduce-scatters see padding.
+The weft side runs on CUDA tensors too (Twins.weft_device), as test_gpu_ipc.py asks.
 """
 
 from __future__ import annotations
@@ -103,11 +104,12 @@ def case_fsdp(ctx):
     t = Twins(ctx)
 
     def train(group, reshard_after_forward):
-        mesh = DeviceMesh.from_group(group, "cpu")
+        device = Twins.weft_device if group is t.groups.weft else "cpu"
+        mesh = DeviceMesh.from_group(group, torch.device(device).type)
         torch.manual_seed(0)
         model = torch.nn.Sequential(
             torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 7), torch.nn.Tanh()
-        )
+        ).to(device)
         for layer in model:
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
@@ -116,7 +118,7 @@ def case_fsdp(ctx):
         losses = []
         for step in range(3):
             gen = torch.Generator().manual_seed(100 * step + ctx.rank)
-            x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 7, generator=gen)
+            x, y = (torch.randn(8, k, generator=gen).to(device) for k in (16, 7))
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
@@ -134,6 +136,9 @@ def case_fsdp(ctx):
         )
     return t.lines
 
+
+# test_gpu_ipc.py runs them again with the weft side on CUDA.
+CASES = {"functional_collectives": case_functional_collectives, "fsdp": case_fsdp}
 
 # ---- tests ----------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ with ``weft.DistributedDataParallel``. Marked ``gpu``: skipped without a CUDA de
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import test_backend
@@ -32,10 +33,11 @@ WORLDS = [pytest.param(n, "cuda-staging", id=f"ws{n}") for n in (2, 3, 4)]
 CASES = [name for name in test_backend.CASES if name not in ("ddp", "sparse")]
 
 
-def case_on_cuda(ctx, name):
+def case_on_cuda(ctx, name, cases_module="test_backend"):
+    """The case ``name`` of ``cases_module``'s CASES, with the weft side on GPU 0."""
     torch.cuda.set_device(0)
     with weft_on("cuda"):
-        return test_backend.CASES[name](ctx)
+        return importlib.import_module(cases_module).CASES[name](ctx)
 
 
 def case_stream_semantics(ctx, own_gpu=False):

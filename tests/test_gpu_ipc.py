@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import weft.cuda
 from test_gpu_backend import case_ddp_on_cuda, case_on_cuda, case_stream_semantics
-from weft_torch import assert_same, groups, weft_on
+from weft_torch import assert_same, groups
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,12 +41,6 @@ LARGE = 2 * (64 << 20) // 4 + 3
 def ramp(count: int, rank: int) -> torch.Tensor:
     """Rank ``rank``'s input: (i % 5) + rank, exact in float32 for every sum of four ranks."""
     return (torch.arange(count, device="cuda") % 5 + rank).float()
-
-
-def case_torch_parallel_on_cuda(ctx, name):
-    torch.cuda.set_device(0)
-    with weft_on("cuda"):
-        return test_torch_parallel.CASES[name](ctx)
 
 
 def case_larger_than_staging(ctx):
@@ -111,6 +105,6 @@ def test_larger_than_staging(pools, size, transport):
 @pytest.mark.parametrize("case", list(test_torch_parallel.CASES))
 @pytest.mark.parametrize(("size", "transport"), DEFAULT)
 def test_torch_parallel_on_cuda(pools, size, transport, case):
-    if case == "fsdp" and test_torch_parallel.fully_shard_api() is None:
-        pytest.skip(f"torch {torch.__version__} has no fully_shard or DeviceMesh.from_group")
-    assert_same(pools.get(size, transport).run(case_torch_parallel_on_cuda, case))
+    if case == "fsdp":
+        test_torch_parallel.require_fully_shard()
+    assert_same(pools.get(size, transport).run(case_on_cuda, case, "test_torch_parallel"))

@@ -42,6 +42,12 @@ def fully_shard_api():
     return fully_shard
 
 
+def require_fully_shard() -> None:
+    """Skips the calling test where this torch lacks FSDP2."""
+    if fully_shard_api() is None:
+        pytest.skip(f"torch {torch.__version__} has no fully_shard or DeviceMesh.from_group")
+
+
 def tensors(shape, dtype, seed) -> tuple:
     return (values(shape, dtype, seed),)
 
@@ -150,6 +156,5 @@ def test_functional_collectives(pools, size, transport):
 
 @pytest.mark.parametrize(("size", "transport"), WORLDS)
 def test_fsdp(pools, size, transport):
-    if fully_shard_api() is None:
-        pytest.skip(f"torch {torch.__version__} has no fully_shard or DeviceMesh.from_group")
+    require_fully_shard()
     assert_same(pools.get(size, transport).run(case_fsdp))

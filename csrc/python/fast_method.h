@@ -84,10 +84,11 @@ class CallArgs {
   std::array<PyObject*, kMostParams> values_{};
 };
 
-// Runs the method `params` belongs to on a call; returns a new reference, or nullptr with the
-// Python error set: weft's errors as weft._C's types (errors.h), pybind11's
-// and Python's as they are, std::bad_alloc as MemoryError, any other C++
-// exception as RuntimeError.
+// Runs the method `params` belongs to on a call; returns a new reference, or
+// nullptr with the Python error set: weft's errors as weft._C's types
+// (errors.h), pybind11's and Python's as they are, std::bad_alloc as
+// MemoryError, any other std::exception as RuntimeError, anything else as
+// SystemError.
 PyObject* call_fast_method(const Params& params, PyObject* self, PyObject* const* args,
                            Py_ssize_t nargs, PyObject* kwnames);
 

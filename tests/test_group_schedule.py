@@ -118,7 +118,19 @@ def replay(ranks, size, op):
         assert progress, "deadlock: " + ", ".join(f"rank {r.rank} at {r.pc}" for r in ranks)
 
 
-def run(collective, algorithm, size, count, elem, op, in_place, root=0, hosts=(), step=256):
+def run(
+    collective,
+    algorithm,
+    size,
+    count,
+    elem,
+    op,
+    in_place,
+    root=0,
+    hosts=(),
+    step=256,
+    shared_cpu=(),
+):
     dtype = DTYPES[elem]
     rng = np.random.default_rng(size * 1000 + count)
     width = size if collective == "reduce_scatter" else 1
@@ -154,6 +166,7 @@ def run(collective, algorithm, size, count, elem, op, in_place, root=0, hosts=()
             max_step_bytes=step,
             hosts=list(hosts) or [0] * size,
             max_inputs=3,
+            shared_cpu=list(shared_cpu),
         )
         regions = {
             "input": inp,
@@ -199,8 +212,8 @@ def test_allreduce(algorithm, size, in_place, step):
     run("allreduce", algorithm, size, 23, 8, "prod", in_place, step=step)
 
 
-def peers(algorithm, rank, size, count, elem, step, hosts=None):
-    """The ranks `rank` sends to in an allreduce Plan, in order."""
+def peers(algorithm, rank, size, count, elem, step, hosts=None, shared_cpu=(), kind="send"):
+    """The ranks `rank` sends to (or receives from) in an allreduce Plan, in order."""
     plan = C.group_schedule(
         "allreduce",
         algorithm,
@@ -210,8 +223,9 @@ def peers(algorithm, rank, size, count, elem, step, hosts=None):
         elem,
         max_step_bytes=step,
         hosts=hosts or [0] * size,
+        shared_cpu=list(shared_cpu),
     )
-    return [t[1] for a in plan["actions"] if a[0] == "batch" for t in a[1] if t[0] == "send"]
+    return [t[1] for a in plan["actions"] if a[0] == "batch" for t in a[1] if t[0] == kind]
 
 
 def sends(algorithm, rank, size, count, elem, step):
@@ -238,6 +252,34 @@ def test_tree_allreduce_splits_from_16_kib(size):
     assert sum(sends("tree", r, size, at, 8, 1 << 20) for r in range(size)) == 4 * (size - 1)
     for count in (below, at):
         run("allreduce", "tree", size, count, 8, "sum", False, step=1 << 20)
+
+
+@pytest.mark.parametrize(
+    "shared_cpu",
+    [[0, 0, 0], [0, 1] * 3, [0, 1] * 4, [0, 1, 2] * 3, [0, 1, 2, 0, 1, 2, 0], [-1, -1, 0, 0, 0]],
+    ids=["1cpu", "2cpus-ws6", "2cpus-ws8", "3cpus-ws9", "3cpus-ws7", "2free-1cpu"],
+)
+def test_rd_allreduce_folds_the_ranks_of_a_cpu(shared_cpu):
+    """Ranks that take turns on one CPU hand their input to the first of them and get the
+    result from it; only those first ranks (and ranks with a CPU each) run the rounds, folded
+    to a power of two as any world is (3 CPUs: the first CPU's first rank under the second's)."""
+    size = len(shared_cpu)
+    firsts = {}
+    for r, cpu in enumerate(shared_cpu):
+        firsts.setdefault(cpu, r)
+    for r, cpu in enumerate(shared_cpu):
+        if cpu >= 0 and firsts[cpu] != r:
+            for kind in ("send", "recv"):
+                got = peers("rd", r, size, 5, 4, 1 << 20, shared_cpu=shared_cpu, kind=kind)
+                assert got == [firsts[cpu]], f"rank {r} {kind}s {got}"
+    rounds = {r for r in range(size) if shared_cpu[r] < 0 or firsts[shared_cpu[r]] == r}
+    if len(rounds) == 3:  # the first of the three sits out under the second
+        first, second, _ = sorted(rounds)
+        got = peers("rd", first, size, 5, 4, 1 << 20, shared_cpu=shared_cpu)
+        assert got[0] == second, f"rank {first} sends {got}"
+    for count, elem, op in [(0, 4, "sum"), (1, 8, "max"), (37, 4, "sum"), (301, 8, "avg")]:
+        for in_place in (False, True):
+            run("allreduce", "rd", size, count, elem, op, in_place, shared_cpu=shared_cpu)
 
 
 def test_rhd_allreduce_goes_in_rounds_of_the_ring():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from datetime import timedelta
 
@@ -83,6 +84,66 @@ def test_hosts_on_one_machine_spread_over_its_cpus():
             for rank in range(RANKS)
         ]
         check_spread(netns_ranks.reports(net, len(CPUS), argvs, env, timeout=180))
+
+
+# More ranks than two per CPU take turns on them: recursive doubling folds each CPU's ranks.
+CROWD = 4 * len(CPUS)
+# A communicator of some of the crowd, which keeps the world's spread: ranks 0, 2, 4 and 6 run
+# on the first CPU, rank 1 on the second.
+PART = [0, 2, 4, 6, 1]
+STEP = re.compile(r"allreduce #\d+ \(?.*step \d+/\d+ recv_from=(-?\d+) send_to=(-?\d+)")
+
+
+def fold_by_cpu(rank, size, store, counts):
+    """rd allreduces on CROWD ranks limited to CPUS, against numpy; what the world and a
+    communicator of PART say about which ranks share a CPU."""
+    import weft
+
+    os.sched_setaffinity(0, CPUS)
+    world = weft.Communicator(store, rank, size, timeout=60, algo="rd")
+    part = None
+    if rank in PART:
+        part = weft.Communicator(store, PART.index(rank), len(PART), name="part", timeout=60)
+    wrong = []
+    for count in counts:
+        for op, fold in (("sum", np.sum), ("max", np.max), ("avg", np.mean)):
+            for in_place in (True, False):
+                mine = np.arange(count, dtype=np.float32) % 7 * (rank + 1)
+                want = fold(
+                    [np.arange(count, dtype=np.float32) % 7 * (r + 1) for r in range(size)], 0
+                )
+                out = None if in_place else np.empty_like(mine)
+                got = world.allreduce(mine, op=op, out=out)
+                got = mine if in_place else got
+                if not np.allclose(got, want):
+                    wrong.append(f"{op} of {count}, in place {in_place}: {got[:4]} not {want[:4]}")
+    world.barrier()
+    return {"world": world.shared_cpu, "part": part.shared_cpu if part else None, "wrong": wrong}
+
+
+@TWO_CPUS
+def test_recursive_doubling_folds_the_ranks_of_each_cpu():
+    """With CROWD ranks on 2 CPUs, rd's rounds run between one rank per CPU: the others only
+    hand their input to their CPU's first rank and take the result from it (the trace log's
+    steps say whom each rank talks to)."""
+    counts = (0, 1, 5, 4099)
+    with Ranks(fold_by_cpu, CROWD, counts, env={"WEFT_DEBUG": "TRACE"}) as ranks:
+        seen = ranks.results(timeout=180)
+        logs = [ranks.stderr(r) for r in range(CROWD)]
+    cpu_of = [r % len(CPUS) for r in range(CROWD)]
+    for rank, got in enumerate(seen):
+        assert not got["wrong"], f"rank {rank}: " + "; ".join(got["wrong"])
+        assert got["world"] == cpu_of, f"rank {rank}: shared_cpu {got['world']}"
+        if rank in PART:
+            assert got["part"] == [PART[r] % len(CPUS) for r in range(len(PART))]
+        talks_to = {int(p) for pair in STEP.findall(logs[rank]) for p in pair if int(p) >= 0}
+        assert talks_to, f"rank {rank} logged no allreduce steps"
+        first = cpu_of[rank]
+        if rank != first:
+            assert talks_to == {first}, f"rank {rank} talked to {sorted(talks_to)}"
+        else:
+            allowed = {r for r in range(CROWD) if cpu_of[r] == first and r != rank} | {1 - first}
+            assert talks_to <= allowed, f"rank {rank} talked to {sorted(talks_to)}"
 
 
 def main() -> None:

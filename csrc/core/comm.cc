@@ -81,7 +81,8 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
 Communicator::~Communicator() = default;
 
 void Communicator::connect(Store& store, const std::string& name) {
-  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, kSocketsPerPeer, timeout_s());
+  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, kSocketsPerPeer, timeout_s(),
+                                 cpu_placement::current_spread());
   const Config& cfg = config();
   collective_conns_.resize(size_);
   p2p_conns_.resize(size_);
@@ -226,6 +227,28 @@ constexpr int kCrowdedTcpSlots = 2;
 // yielding in every step.
 constexpr size_t kYieldingStepBytes = 256 << 10;
 
+// PlanContext::shared_cpu: where more than kCrowdedRanksPerCpu ranks share a
+// machine's CPUs, the ranks that placement spreads to the same one; from what
+// every rank published, so every rank computes the same.
+std::vector<int> ranks_taking_turns(const Mesh& mesh, int size) {
+  std::map<std::string, std::vector<int>> ranks_on;
+  for (int r = 0; r < size; ++r) ranks_on[mesh.peer(r).cpus].push_back(r);
+  std::vector<int> shared_cpu(size, -1);
+  std::map<std::pair<std::string, int>, int> ids;
+  for (const auto& [cpus, ranks] : ranks_on) {
+    const int count = static_cast<int>(ranks.size()), cpu_total = cpu_count(cpus);
+    if (cpu_total == 0 || count <= kCrowdedRanksPerCpu * cpu_total) continue;
+    for (int i = 0; i < count; ++i) {
+      const int index = cpu_placement::spread_index_after(mesh.peer(ranks[i]).spread, count, i);
+      if (index < 0) continue;
+      const auto id = ids.emplace(std::make_pair(cpus, index % cpu_total), ids.size()).first;
+      shared_cpu[ranks[i]] = id->second;
+    }
+  }
+  if (ids.empty()) shared_cpu.clear();
+  return shared_cpu;
+}
+
 size_t yielding_step_bytes(double ranks_per_cpu) {
   if (ranks_per_cpu > 1 && ranks_per_cpu <= kCrowdedRanksPerCpu) return SIZE_MAX;
   return kYieldingStepBytes;
@@ -302,6 +325,7 @@ void Communicator::learn_topology() {
     ++sharing;
     index += r < rank_;
   }
+  shared_cpu_ = ranks_taking_turns(*mesh_, size_);
   cpu_placement::note_ranks_sharing_cpus(sharing, index);
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   topology_.step_bytes = step_limit_bytes_;
@@ -355,7 +379,8 @@ Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bo
 }
 
 PlanContext Communicator::plan_context(DataType dtype) const {
-  return PlanContext{rank_, size_, element_size(dtype), step_limit_bytes_, host_of_rank_};
+  return PlanContext{rank_,         size_, element_size(dtype), step_limit_bytes_,
+                     host_of_rank_, true,  shared_cpu_};
 }
 
 Plan Communicator::make_plan(const PlanKey& key, Algorithm a, DataType dtype, size_t max_step_bytes,
@@ -364,6 +389,8 @@ Plan Communicator::make_plan(const PlanKey& key, Algorithm a, DataType dtype, si
   PlanContext ctx = plan_context(dtype);
   if (max_step_bytes > 0) ctx.max_step_bytes = max_step_bytes;
   ctx.buffered_sends = buffered_sends;
+  // A group schedule's ranks drive a device: their turns on CPUs order nothing.
+  if (!buffered_sends) ctx.shared_cpu.clear();
   if (c == Collective::Barrier) return algo::barrier(ctx);
   WEFT_LOG(
       Info, rank_,

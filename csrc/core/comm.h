@@ -59,6 +59,8 @@ class Communicator {
   // (or would begin them).
   bool trying(Collective c, size_t bytes, bool in_place) const;
   const Topology& topology() const { return topology_; }
+  // PlanContext::shared_cpu of this world's Plans.
+  const std::vector<int>& shared_cpu() const { return shared_cpu_; }
   // This rank's Plan of `c` over `count` elements of `dtype`, in the family
   // the tuner (or WEFT_ALGO) picks by the link model alone, for executors of
   // Plans elsewhere whose sends wait for the peer's receive (the nccl
@@ -154,6 +156,7 @@ class Communicator {
   int tcp_slots_ = 0;
   // What the tuner chooses algorithms from: the same on every rank.
   std::vector<int> host_of_rank_;
+  std::vector<int> shared_cpu_;  // PlanContext::shared_cpu
   Topology topology_;
   CostModel cost_model_;
   Algorithm forced_algorithm_ = Algorithm::Auto;

@@ -129,6 +129,7 @@ class PyCommunicator {
     return comm_->measure_cost_model(thorough ? kThoroughProbe : kQuickProbe);
   }
   Topology topology() const { return comm_->topology(); }
+  std::vector<int> shared_cpu() const { return comm_->shared_cpu(); }
 
   py::tuple algorithm(const std::string& collective, size_t nbytes, bool in_place) const {
     const Choice c = comm_->choice(parse_collective(collective), nbytes, in_place);
@@ -481,6 +482,12 @@ PYBIND11_MODULE(_C, m) {
            "it, like a collective); thorough=False is the quick link probe a communicator runs "
            "at creation (which also times Plans; this does not). The tuner keeps its own model.")
       .def_property_readonly("topology", &PyCommunicator::topology)
+      .def_property_readonly(
+          "shared_cpu", &PyCommunicator::shared_cpu,
+          "Where more than two ranks per CPU share a machine's CPUs and weft spreads them "
+          "(WEFT_CPU_PLACEMENT), the CPU each rank takes turns on, as a number equal for the "
+          "ranks of one CPU (-1 for a rank that takes no turns); empty where none does. "
+          "Recursive doubling (rd) folds the ranks of each CPU into one before its rounds.")
       .def("algorithm", &PyCommunicator::algorithm, py::arg("collective"), py::arg("nbytes"),
            py::kw_only(), py::arg("in_place") = false,
            "(algorithm, predicted seconds) of `collective` ('allreduce', 'broadcast', ...) on "

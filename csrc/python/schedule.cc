@@ -35,9 +35,9 @@ void bind_schedule(py::module_& m) {
       [](const std::string& collective, const std::string& algorithm, int rank, int size,
          size_t count, size_t elem_size, int root, bool in_place, bool finalize,
          std::optional<size_t> input_in_output, size_t max_step_bytes, std::vector<int> hosts,
-         int max_inputs) {
+         int max_inputs, std::vector<int> shared_cpu) {
         if (hosts.empty()) hosts.assign(size, 0);
-        const PlanContext ctx{rank, size, elem_size, max_step_bytes, hosts, false};
+        const PlanContext ctx{rank, size, elem_size, max_step_bytes, hosts, false, shared_cpu};
         const Plan plan = algo::plan_for(parse_collective(collective), parse_algorithm(algorithm),
                                          ctx, count, root, in_place, finalize);
         const group::Schedule s = group::schedule(plan, elem_size, input_in_output, max_inputs);
@@ -67,10 +67,12 @@ void bind_schedule(py::module_& m) {
       py::arg("count"), py::arg("elem_size"), py::arg("root") = 0, py::arg("in_place") = false,
       py::arg("finalize") = false, py::arg("input_in_output") = std::nullopt,
       py::arg("max_step_bytes") = 1 << 20, py::arg("hosts") = std::vector<int>{},
-      py::arg("max_inputs") = 16,
+      py::arg("max_inputs") = 16, py::arg("shared_cpu") = std::vector<int>{},
       "Rank `rank`'s Plan of `collective` in family `algorithm` as the nccl transport runs it: "
       "dict(algorithm, scratch_bytes, temp_bytes, actions), each action ('batch', [(kind, peer, "
-      "(region, offset), bytes)]) or ('reduce', dst, srcs, count, finalize).");
+      "(region, offset), bytes)]) or ('reduce', dst, srcs, count, finalize). `shared_cpu` "
+      "(Communicator.shared_cpu) shapes the Plans of CPU ranks that take turns on CPUs, which "
+      "the nccl transport never runs: it lets their Plans be replayed here.");
 }
 
 }  // namespace weft::python

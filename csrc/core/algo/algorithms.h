@@ -53,6 +53,22 @@ void ring_reduce_scatter_steps(const PlanContext& ctx, const Ring& ring,
 void ring_allgather_steps(const PlanContext& ctx, const Ring& ring, const std::vector<Span>& blocks,
                           std::vector<Step>& steps);
 
+// One rank's links in a tree, for algorithms built from tree phases: at most
+// one parent (-1 at the root) and the children in the order the rank hears
+// from them and passes data on to them.
+struct TreeNode {
+  int parent = -1;
+  std::vector<int> children;
+};
+// Reduce `in` up the tree: children's data is added to ours, the sum goes to
+// the parent; at the root it lands in `out` (divided when `finalize`).
+// Inner nodes accumulate in `acc`. Nothing for a rank with no links.
+void reduce_up(const TreeNode& node, const Span& in, const Span& acc, const Span& out,
+               bool finalize, std::vector<Step>& steps);
+// Broadcast `buf` down the tree: received from the parent (unless root),
+// passed to every child, the first one as it arrives.
+void broadcast_down(const TreeNode& node, const Span& buf, std::vector<Step>& steps);
+
 // Output at every rank = Output at root (count elements; Input is unused).
 Plan chain_broadcast(const PlanContext& ctx, size_t count, int root);
 Plan binomial_broadcast(const PlanContext& ctx, size_t count, int root);

@@ -84,6 +84,10 @@ struct PlanContext {
   // on one peer while its send to another is still unmatched, so plans keep
   // each phase's sends next to the receives they pair with.
   bool buffered_sends = true;
+  // Ranks with the same non-negative value take turns on one CPU: more than
+  // two ranks per CPU, spread by exec/cpu_placement. -1 for a rank with no
+  // such turns; empty where no rank has them.
+  std::vector<int> shared_cpu;
 };
 
 // a mod n in [0, n), for rank arithmetic around a ring or tree.

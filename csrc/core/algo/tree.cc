@@ -15,17 +15,11 @@
 namespace weft::algo {
 namespace {
 
-// One rank's links in a tree: at most one parent (-1 at the root).
-struct Node {
-  int parent = -1;
-  std::vector<int> children;
-};
-
 // Binomial tree rooted at `root`. Children are listed from the smallest
 // subtree to the largest.
-Node binomial_node(int rank, int size, int root) {
+TreeNode binomial_node(int rank, int size, int root) {
   const int v = positive_mod(rank - root, size);
-  Node node;
+  TreeNode node;
   int low = 1;  // lowest set bit of v; above every child distance for the root
   while (low < size && (v & low) == 0) low *= 2;
   if (v != 0) node.parent = positive_mod(v - low + root, size);
@@ -36,7 +30,7 @@ Node binomial_node(int rank, int size, int root) {
 
 // Balanced in-order binary tree over positions [lo, hi): the middle position
 // is the root of the range. Fills `parent` and `children` of every position.
-void inorder_tree(int lo, int hi, int up, std::vector<Node>& nodes) {
+void inorder_tree(int lo, int hi, int up, std::vector<TreeNode>& nodes) {
   if (lo >= hi) return;
   const int mid = lo + (hi - lo) / 2;
   nodes[mid].parent = up;
@@ -47,12 +41,12 @@ void inorder_tree(int lo, int hi, int up, std::vector<Node>& nodes) {
 
 // This rank's node in tree `t` (0 or 1) of the double binary tree: tree 1
 // puts rank (p + 1) mod size at position p of tree 0.
-Node double_tree_node(int rank, int size, int t) {
-  std::vector<Node> nodes(size);
+TreeNode double_tree_node(int rank, int size, int t) {
+  std::vector<TreeNode> nodes(size);
   inorder_tree(0, size, -1, nodes);
   const int shift = t;
-  Node at = nodes[positive_mod(rank - shift, size)];
-  Node node;
+  TreeNode at = nodes[positive_mod(rank - shift, size)];
+  TreeNode node;
   if (at.parent >= 0) node.parent = positive_mod(at.parent + shift, size);
   for (int c : at.children) node.children.push_back(positive_mod(c + shift, size));
   return node;
@@ -67,20 +61,19 @@ Node double_tree_node(int rank, int size, int t) {
 // on a 1 Gbit/s link took 27-66 us from 16 B to 4 KiB with the root's
 // children on the far host crossing the link side by side, against 23-31 for
 // the in-order binary tree, which crosses it once.
-Node wide_tree_node(int rank, int size) {
-  Node node;
+TreeNode wide_tree_node(int rank, int size) {
+  TreeNode node;
   if (rank > 0) node.parent = (rank - 1) / kWideTreeFanout;
   const int first = rank * kWideTreeFanout + 1;
   for (int c = first; c < first + kWideTreeFanout && c < size; ++c) node.children.push_back(c);
   return node;
 }
 
-// Reduce `in` up the tree: children's data is added to ours, the sum goes to
-// the parent; at the root it lands in `out` (divided when `finalize`).
-// Inner nodes accumulate in `acc`.
-void reduce_up(const Node& node, const Span& in, const Span& acc, const Span& out, bool finalize,
-               std::vector<Step>& steps) {
-  if (in.count == 0) return;
+}  // namespace
+
+void reduce_up(const TreeNode& node, const Span& in, const Span& acc, const Span& out,
+               bool finalize, std::vector<Step>& steps) {
+  if (in.count == 0 || (node.parent < 0 && node.children.empty())) return;
   if (node.children.empty()) {
     Step s = fused_step(in.count);
     s.local = in;
@@ -105,9 +98,7 @@ void reduce_up(const Node& node, const Span& in, const Span& acc, const Span& ou
   }
 }
 
-// Broadcast `buf` down the tree: received from the parent (unless root),
-// passed to every child, the first one as it arrives.
-void broadcast_down(const Node& node, const Span& buf, std::vector<Step>& steps) {
+void broadcast_down(const TreeNode& node, const Span& buf, std::vector<Step>& steps) {
   if (buf.count == 0) return;
   size_t first_plain = 0;
   if (node.parent >= 0) {
@@ -128,13 +119,11 @@ void broadcast_down(const Node& node, const Span& buf, std::vector<Step>& steps)
   }
 }
 
-}  // namespace
-
 Plan binomial_broadcast(const PlanContext& ctx, size_t count, int root) {
   Plan plan;
   plan.algorithm = "tree";
   if (ctx.size == 1 || count == 0) return plan;
-  Node node = binomial_node(ctx.rank, ctx.size, root);
+  TreeNode node = binomial_node(ctx.rank, ctx.size, root);
   // The largest subtree first: it has the longest way to go.
   std::reverse(node.children.begin(), node.children.end());
   broadcast_down(node, Span{Buf::Output, 0, count}, plan.steps);
@@ -149,7 +138,7 @@ Plan binomial_reduce(const PlanContext& ctx, size_t count, int root, bool in_pla
   }
   Plan plan;
   plan.algorithm = "tree";
-  const Node node = binomial_node(ctx.rank, ctx.size, root);
+  const TreeNode node = binomial_node(ctx.rank, ctx.size, root);
   // Only the root's Output may change: the others accumulate in Scratch.
   const bool is_root = node.parent < 0;
   const Span acc{is_root ? Buf::Output : Buf::Scratch, 0, count};
@@ -167,9 +156,9 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
   const int split = count * ctx.elem_size < kDoubleTreeMinBytes ? 1 : 2;
   const bool one_host =
       std::all_of(ctx.host.begin(), ctx.host.end(), [&](int h) { return h == ctx.host.front(); });
-  const Node trees[2] = {split == 1 && one_host ? wide_tree_node(ctx.rank, ctx.size)
-                                                : double_tree_node(ctx.rank, ctx.size, 0),
-                         double_tree_node(ctx.rank, ctx.size, 1)};
+  const TreeNode trees[2] = {split == 1 && one_host ? wide_tree_node(ctx.rank, ctx.size)
+                                                    : double_tree_node(ctx.rank, ctx.size, 0),
+                             double_tree_node(ctx.rank, ctx.size, 1)};
   for (size_t base = 0; base < count; base += split * limit) {
     const size_t round = std::min(split * limit, count - base);
     Span share[2];  // each tree's part of the round

@@ -81,6 +81,8 @@ std::vector<uint8_t> encode(const PeerAddress& a) {
   put(out, a.port);
   put_string(out, a.host_id);
   put_string(out, a.cpus);
+  put(out, a.spread.ranks);
+  put(out, a.spread.index);
   put_string(out, a.ip);
   return out;
 }
@@ -90,8 +92,8 @@ PeerAddress decode(const std::vector<uint8_t>& bytes, const std::string& key) {
   Reader r(bytes);
   uint32_t magic = 0;
   if (!r.get(magic) || magic != kAddressMagic || !r.get(a.size) || !r.get(a.pid) ||
-      !r.get(a.port) || !r.get_string(a.host_id) || !r.get_string(a.cpus) || !r.get_string(a.ip) ||
-      !r.done()) {
+      !r.get(a.port) || !r.get_string(a.host_id) || !r.get_string(a.cpus) ||
+      !r.get(a.spread.ranks) || !r.get(a.spread.index) || !r.get_string(a.ip) || !r.done()) {
     throw PeerError(
         "bootstrap: store entry '" + key +
         "' is not a weft address of this version (does a peer run another weft build?)");
@@ -199,7 +201,7 @@ Socket connect_to(const std::string& ip, uint16_t port, const Deadline& deadline
 }  // namespace
 
 Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sockets_per_peer,
-           double timeout_s)
+           double timeout_s, CpuSpread spread)
     : rank_(rank), size_(size) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw InvalidArgument("rank " + std::to_string(rank) + " is not in a world of size " +
@@ -218,6 +220,7 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
   PeerAddress self;
   self.host_id = config().host_id;
   self.cpus = cpu_identity(self.host_id);
+  self.spread = spread;
   self.ip = advertised_ip();
   self.port = port;
   self.pid = static_cast<int32_t>(::getpid());

@@ -10,12 +10,14 @@
 
 #include "core/bootstrap/socket.h"
 #include "core/bootstrap/store.h"
+#include "core/common/machine.h"
 
 namespace weft {
 
 struct PeerAddress {
   std::string host_id;  // same host_id => shared memory is possible
   std::string cpus;     // same cpus => the same CPUs to share (common/machine.h)
+  CpuSpread spread;     // where on those CPUs the peer runs so far
   std::string ip;       // address the peer listens on
   uint16_t port = 0;
   int32_t pid = 0;
@@ -26,8 +28,9 @@ class Mesh {
  public:
   // Throws InvalidArgument on a world-size mismatch (naming both sizes and
   // ranks), TimeoutError/PeerError when a peer cannot be reached in time.
+  // `spread` is published as this rank's PeerAddress::spread.
   Mesh(Store& store, const std::string& prefix, int rank, int size, int sockets_per_peer,
-       double timeout_s);
+       double timeout_s, CpuSpread spread);
 
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -5,10 +5,19 @@
 
 #include <sched.h>
 
+#include <cstdint>
 #include <fstream>
 #include <string>
 
 namespace weft {
+
+// Where a rank spreads over the CPUs it shares with other ranks
+// (exec/cpu_placement.h): the most ranks that shared them in one of its
+// communicators (0 before any, -1 with placement off) and its index there.
+struct CpuSpread {
+  int32_t ranks = 0;
+  int32_t index = -1;
+};
 
 inline std::string boot_id() {
   std::string id;

@@ -66,17 +66,32 @@ void go_to_spread_cpu(int index) {
   move_to(target, allowed);
 }
 
+// A communicator with `ranks` ranks sharing the CPUs sets the spread when it
+// has more of them than any before: a larger or earlier one decides.
+bool decides(int ranks, int most_before) { return ranks > most_before; }
+
 }  // namespace
 
 void note_ranks_sharing_cpus(int ranks, int index) {
   if (!config().cpu_placement) return;
   {
     std::lock_guard<std::mutex> lock(sharing_mu);
-    if (ranks <= most_sharing.load()) return;  // a larger or earlier one decides
+    if (!decides(ranks, most_sharing.load())) return;
     most_sharing.store(ranks);
     spread_index.store(index);
   }
   if (ranks > allowed_cpus()) go_to_spread_cpu(index);
+}
+
+CpuSpread current_spread() {
+  if (!config().cpu_placement) return CpuSpread{-1, -1};
+  std::lock_guard<std::mutex> lock(sharing_mu);
+  return CpuSpread{most_sharing.load(), spread_index.load()};
+}
+
+int spread_index_after(const CpuSpread& before, int ranks, int index) {
+  if (before.ranks < 0) return -1;
+  return decides(ranks, before.ranks) ? index : before.index;
 }
 
 void mark_worker_thread() { worker_thread = true; }

@@ -23,6 +23,8 @@
 // elsewhere; again nothing is pinned.
 #pragma once
 
+#include "core/common/machine.h"
+
 namespace weft::cpu_placement {
 
 // A communicator's count of ranks that share this rank's CPUs and this rank's
@@ -30,6 +32,14 @@ namespace weft::cpu_placement {
 // them) sets the index this process spreads by; with more ranks than CPUs the
 // calling thread moves there now.
 void note_ranks_sharing_cpus(int ranks, int index);
+
+// Where this process spreads, for its peers to know which ranks take turns on
+// a CPU (bootstrap publishes it).
+CpuSpread current_spread();
+// The index a process that reported `before` spreads by once it joins a
+// communicator in which `ranks` ranks share its CPUs, with it at `index`
+// (note_ranks_sharing_cpus); -1 with placement off.
+int spread_index_after(const CpuSpread& before, int ranks, int index);
 
 // Called by a waiter whose yield gave the CPU to another task. Moves the
 // calling thread, at most once per 10 ms in the process, unless it is a

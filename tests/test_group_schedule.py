@@ -282,6 +282,12 @@ def test_rd_allreduce_folds_the_ranks_of_a_cpu(shared_cpu):
             run("allreduce", "rd", size, count, elem, op, in_place, shared_cpu=shared_cpu)
 
 
+def test_one_host_and_cpu_entry_per_rank():
+    for hosts, shared_cpu in (([0, 0], []), ([0] * 4, [0, 1])):
+        with pytest.raises(ValueError, match="one entry per rank of 4"):
+            C.group_schedule("allreduce", "rd", 0, 4, 5, 4, hosts=hosts, shared_cpu=shared_cpu)
+
+
 def test_rhd_allreduce_goes_in_rounds_of_the_ring():
     """Rounds of (elements per step) x (group size), each a whole halving and doubling: 2 log2(p)
     exchanges per round."""

@@ -91,7 +91,7 @@ CROWD = 4 * len(CPUS)
 # A communicator of some of the crowd, which keeps the world's spread: ranks 0, 2, 4 and 6 run
 # on the first CPU, rank 1 on the second.
 PART = [0, 2, 4, 6, 1]
-STEP = re.compile(r"allreduce #\d+ \(?.*step \d+/\d+ recv_from=(-?\d+) send_to=(-?\d+)")
+STEP = re.compile(r"allreduce #\d+ .*step \d+/\d+ recv_from=(-?\d+) send_to=(-?\d+)")
 
 
 def fold_by_cpu(rank, size, store, counts):
@@ -130,6 +130,7 @@ def test_recursive_doubling_folds_the_ranks_of_each_cpu():
     with Ranks(fold_by_cpu, CROWD, counts, env={"WEFT_DEBUG": "TRACE"}) as ranks:
         seen = ranks.results(timeout=180)
         logs = [ranks.stderr(r) for r in range(CROWD)]
+    # With 2 CPUs, rank c (0 or 1) is the first rank of CPU c, and the other CPU's is 1 - c.
     cpu_of = [r % len(CPUS) for r in range(CROWD)]
     for rank, got in enumerate(seen):
         assert not got["wrong"], f"rank {rank}: " + "; ".join(got["wrong"])

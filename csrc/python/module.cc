@@ -485,8 +485,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "shared_cpu", &PyCommunicator::shared_cpu,
           "Where more than two ranks per CPU share a machine's CPUs and weft spreads them "
-          "(WEFT_CPU_PLACEMENT), the CPU each rank takes turns on, as a number equal for the "
-          "ranks of one CPU (-1 for a rank that takes no turns); empty where none does. "
+          "(WEFT_CPU_PLACEMENT), the CPU each rank runs on, as a number equal for the ranks of "
+          "one CPU (-1 for a rank weft does not spread); empty where none are spread so. "
           "Recursive doubling (rd) folds the ranks of each CPU into one before its rounds.")
       .def("algorithm", &PyCommunicator::algorithm, py::arg("collective"), py::arg("nbytes"),
            py::kw_only(), py::arg("in_place") = false,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/algo/algorithms.h"
+#include "core/common/error.h"
 #include "core/exec/group_schedule.h"
 
 namespace py = pybind11;
@@ -37,6 +38,13 @@ void bind_schedule(py::module_& m) {
          std::optional<size_t> input_in_output, size_t max_step_bytes, std::vector<int> hosts,
          int max_inputs, std::vector<int> shared_cpu) {
         if (hosts.empty()) hosts.assign(size, 0);
+        const size_t ranks = static_cast<size_t>(size);
+        if (hosts.size() != ranks || (!shared_cpu.empty() && shared_cpu.size() != ranks)) {
+          throw InvalidArgument("group_schedule: hosts (" + std::to_string(hosts.size()) +
+                                " entries) and shared_cpu (" + std::to_string(shared_cpu.size()) +
+                                ") need one entry per rank of " + std::to_string(size) +
+                                "; shared_cpu may be empty");
+        }
         const PlanContext ctx{rank, size, elem_size, max_step_bytes, hosts, false, shared_cpu};
         const Plan plan = algo::plan_for(parse_collective(collective), parse_algorithm(algorithm),
                                          ctx, count, root, in_place, finalize);

@@ -102,7 +102,10 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
                                   bool finalize);
 // Whether some rank's recursive doubling ends with its result in Scratch and
 // copies it to Output (its rounds alternate between two buffers, and which
-// one the last fills depends on the rounds, in place or not, and the fold).
+// one the last fills depends on the rounds, in place or not, and the fold),
+// for `size` ranks with a CPU each: like the cost model, it does not see the
+// fold of ranks that take turns on a CPU (PlanContext::shared_cpu), whose
+// Plans the tuner times when a communicator is created.
 bool recursive_doubling_copies_result(int size, bool in_place);
 Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // Recursive halving reduce-scatter and recursive doubling allgather, for

@@ -1,8 +1,9 @@
 // Recursive doubling and recursive halving/doubling (Rabenseifner) allreduce,
-// as MPICH runs them. Both work on a power-of-two group; other world sizes
-// fold first: of the first 2*rem ranks (rem = size - largest power of two),
-// each even rank hands its whole input to the odd rank above it, sits out,
-// and gets the result back at the end.
+// as MPICH runs them. Both work on a power-of-two group; other numbers of
+// ranks fold first: of the first 2*rem ranks (rem = ranks - largest power of
+// two), each even rank hands its whole input to the odd rank above it, sits
+// out, and gets the result back at the end. The ranks are the world's, or
+// for recursive doubling on crowded CPUs the first rank of each CPU (below).
 //
 // Recursive doubling exchanges the whole vector with partners at distance
 // 1, 2, 4, ...: log2(p) rounds, best for small messages. Rabenseifner halves
@@ -93,8 +94,8 @@ Buf fold_in(const Fold& fold, size_t base, size_t count, bool finalize, std::vec
 }
 
 // The last steps of a folded plan: the result goes back to the ranks that
-// sat out. (Their Input, sent by reference, was consumed before the result
-// exists.)
+// sat out. (What they sent, perhaps their Input by reference, was consumed
+// before the result exists.)
 void fold_out(const Fold& fold, size_t base, size_t count, std::vector<Step>& steps) {
   broadcast_down(fold.node, Span{Buf::Output, base, count}, steps);
 }

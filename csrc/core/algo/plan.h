@@ -84,9 +84,10 @@ struct PlanContext {
   // on one peer while its send to another is still unmatched, so plans keep
   // each phase's sends next to the receives they pair with.
   bool buffered_sends = true;
-  // Ranks with the same non-negative value take turns on one CPU: more than
-  // two ranks per CPU, spread by exec/cpu_placement. -1 for a rank with no
-  // such turns; empty where no rank has them.
+  // Where more than two ranks per CPU share a machine's CPUs and placement
+  // spreads them (exec/cpu_placement.h): ranks with the same value run on
+  // the same CPU (a rank alone on its CPU has a value of its own); -1 for a
+  // rank placement does not spread. Empty where no ranks are spread so.
   std::vector<int> shared_cpu;
 };
 

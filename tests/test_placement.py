@@ -106,12 +106,11 @@ def fold_by_cpu(rank, size, store, counts):
         part = weft.Communicator(store, PART.index(rank), len(PART), name="part", timeout=60)
     wrong = []
     for count in counts:
+        inputs = [np.arange(count, dtype=np.float32) % 7 * (r + 1) for r in range(size)]
         for op, fold in (("sum", np.sum), ("max", np.max), ("avg", np.mean)):
+            want = fold(inputs, 0)
             for in_place in (True, False):
-                mine = np.arange(count, dtype=np.float32) % 7 * (rank + 1)
-                want = fold(
-                    [np.arange(count, dtype=np.float32) % 7 * (r + 1) for r in range(size)], 0
-                )
+                mine = inputs[rank].copy()
                 out = None if in_place else np.empty_like(mine)
                 got = world.allreduce(mine, op=op, out=out)
                 got = mine if in_place else got

@@ -193,14 +193,21 @@ CostModel Communicator::probe(const ProbeEffort& effort, uint64_t seq) {
 
 namespace {
 
-// The most ranks per CPU on any machine of the world (from every rank's
-// cpu_identity(), so every rank computes the same figure).
-double most_ranks_per_cpu(const Mesh& mesh, int size) {
-  std::map<std::string, int> ranks_on;
-  for (int r = 0; r < size; ++r) ++ranks_on[mesh.peer(r).cpus];
+// The ranks (in rank order) that compete for each set of CPUs, by every
+// rank's cpu_identity(), so every rank groups them alike. Ranks may use the
+// same CPUs as ranks of other "hosts" named by WEFT_HOST_ID
+// (common/machine.h).
+std::map<std::string, std::vector<int>> ranks_by_cpus(const Mesh& mesh) {
+  std::map<std::string, std::vector<int>> ranks_on;
+  for (int r = 0; r < mesh.size(); ++r) ranks_on[mesh.peer(r).cpus].push_back(r);
+  return ranks_on;
+}
+
+// The most ranks per CPU on any machine of the world.
+double most_ranks_per_cpu(const Mesh& mesh) {
   double most = 0;
-  for (const auto& [cpus, ranks] : ranks_on) {
-    most = std::max(most, static_cast<double>(ranks) / std::max(1, cpu_count(cpus)));
+  for (const auto& [cpus, ranks] : ranks_by_cpus(mesh)) {
+    most = std::max(most, static_cast<double>(ranks.size()) / std::max(1, cpu_count(cpus)));
   }
   return most;
 }
@@ -230,10 +237,9 @@ constexpr size_t kYieldingStepBytes = 256 << 10;
 // PlanContext::shared_cpu: where more than kCrowdedRanksPerCpu ranks share a
 // machine's CPUs, the ranks that placement spreads to the same one; from what
 // every rank published, so every rank computes the same.
-std::vector<int> ranks_taking_turns(const Mesh& mesh, int size) {
-  std::map<std::string, std::vector<int>> ranks_on;
-  for (int r = 0; r < size; ++r) ranks_on[mesh.peer(r).cpus].push_back(r);
-  std::vector<int> shared_cpu(size, -1);
+std::vector<int> ranks_taking_turns(const Mesh& mesh,
+                                    const std::map<std::string, std::vector<int>>& ranks_on) {
+  std::vector<int> shared_cpu(mesh.size(), -1);
   std::map<std::pair<std::string, int>, int> ids;
   for (const auto& [cpus, ranks] : ranks_on) {
     const int count = static_cast<int>(ranks.size()), cpu_total = cpu_count(cpus);
@@ -260,7 +266,7 @@ void Communicator::agree_on_sizes() {
   const Config& cfg = config();
   tcp_slot_bytes_ = cfg.tcp_slot_bytes;
   tcp_slots_ = cfg.tcp_slots;
-  const double ranks_per_cpu = most_ranks_per_cpu(*mesh_, size_);
+  const double ranks_per_cpu = most_ranks_per_cpu(*mesh_);
   yielding_step_bytes_ = yielding_step_bytes(ranks_per_cpu);
   if (!cfg.tcp_geometry_set && ranks_per_cpu > kCrowdedRanksPerCpu) {
     tcp_slot_bytes_ = kCrowdedTcpSlotBytes;
@@ -317,16 +323,11 @@ void Communicator::learn_topology() {
   for (int r = 0; r < size_ && topology_.ranks_per_host > 0; ++r) {
     if (host_of_rank_[r] != r / topology_.ranks_per_host) topology_.ranks_by_host = false;
   }
-  // Ranks compete for CPUs with the ranks that may use the same ones, which
-  // "hosts" named by WEFT_HOST_ID may share (common/machine.h).
-  int sharing = 0, index = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (mesh_->peer(r).cpus != mesh_->peer(rank_).cpus) continue;
-    ++sharing;
-    index += r < rank_;
-  }
-  shared_cpu_ = ranks_taking_turns(*mesh_, size_);
-  cpu_placement::note_ranks_sharing_cpus(sharing, index);
+  const auto ranks_on_cpus = ranks_by_cpus(*mesh_);
+  const std::vector<int>& sharing = ranks_on_cpus.at(mesh_->peer(rank_).cpus);
+  const auto index = std::find(sharing.begin(), sharing.end(), rank_) - sharing.begin();
+  shared_cpu_ = ranks_taking_turns(*mesh_, ranks_on_cpus);
+  cpu_placement::note_ranks_sharing_cpus(static_cast<int>(sharing.size()), static_cast<int>(index));
   topology_.any_tcp = config().transport == TransportChoice::Tcp || topology_.hosts > 1;
   topology_.step_bytes = step_limit_bytes_;
   topology_.slice_bytes = slice_bytes_;

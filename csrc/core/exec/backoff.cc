@@ -36,6 +36,9 @@ constexpr auto kCrowdedYield = microseconds(20);
 // rank), a yield hands it a whole time slice, milliseconds; a short sleep
 // lets it run and wakes this rank to progress soon after.
 constexpr auto kCrowdedNap = microseconds(20);
+// A sleep that the peer ends (Connection::sleep_until_peer) only needs to end
+// by itself for the checks between rounds: the timeout, a dead peer, an abort.
+constexpr auto kRungNap = microseconds(10000);
 
 }  // namespace
 
@@ -70,17 +73,33 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
     return;
   }
   phase_ = Phase::Nap;
-  nap(waited < kNapLongAfter ? (crowded_ ? kCrowdedNap : kNap) : kLongNap);
+  nap(waited < kNapLongAfter ? (crowded_ ? kCrowdedNap : kNap) : kLongNap, awaited);
 }
 
-void Backoff::nap(std::chrono::nanoseconds length) {
+void Backoff::nap(std::chrono::nanoseconds length, std::initializer_list<Awaited> awaited) {
   // Linux lets a 20 us sleep last 70 us (the default timer slack): the nap
   // asks for 1 us of slack and gives the thread its own back afterwards.
   const long own_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
   const bool precise = own_slack > 1000 && prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
-  timespec ts{0, static_cast<long>(length.count())};
-  nanosleep(&ts, nullptr);
+  if (!sleep_until_peer(length, awaited)) {
+    timespec ts{0, static_cast<long>(length.count())};
+    nanosleep(&ts, nullptr);
+  }
   if (precise) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(own_slack), 0, 0, 0);
+}
+
+bool Backoff::sleep_until_peer(std::chrono::nanoseconds length,
+                               std::initializer_list<Awaited> awaited) {
+  if (awaited.size() == 1) {
+    const Awaited& a = *awaited.begin();
+    return a.connection->sleep_until_peer(a.receiving, kRungNap);
+  }
+  // Waiting on a message and on room to send: sleep until the message, and
+  // look at the room when the nap is over, as a blind nap would.
+  for (const Awaited& a : awaited) {
+    if (a.receiving) return a.connection->sleep_until_peer(true, length);
+  }
+  return false;
 }
 
 nfds_t Backoff::awaited_sockets(std::initializer_list<Awaited> awaited, pollfd* sockets) {

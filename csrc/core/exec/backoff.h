@@ -5,7 +5,10 @@
 // next to an asynchronous operation), the operation naps instead of yielding:
 // a yield would give that task a whole time slice. When the wait is for
 // sockets, its naps become sleeps in ppoll() on them (the kernel wakes the
-// rank when bytes arrive), and SocketWait says when they start. The phases
+// rank when bytes arrive), and SocketWait says when they start; on shared
+// memory they become sleeps that the peer ends when it posts or frees a slot
+// (Connection::sleep_until_peer), so a rank that waited long for a straggler
+// does not start a nap's length late. The phases
 // are measured in time, not iterations, because the cost of a pause
 // instruction varies tenfold between CPUs. Throws TimeoutError once nothing
 // has progressed for the timeout.
@@ -47,7 +50,7 @@ class Backoff {
 
   // What a wait is for: bytes from a connection (receiving) or room in it.
   struct Awaited {
-    const Connection* connection;
+    Connection* connection;
     bool receiving;
   };
 
@@ -80,7 +83,11 @@ class Backoff {
   static bool on_sockets(std::initializer_list<Awaited> awaited) {
     return awaited.size() > 0 && awaited.begin()->connection->readiness_fd() >= 0;
   }
-  static void nap(std::chrono::nanoseconds length);
+  static void nap(std::chrono::nanoseconds length, std::initializer_list<Awaited> awaited);
+  // Sleeps where an awaited peer can wake this rank (see the .cc); false when
+  // none can.
+  static bool sleep_until_peer(std::chrono::nanoseconds length,
+                               std::initializer_list<Awaited> awaited);
   void wait_a_little(Clock::duration waited, std::initializer_list<Awaited> awaited);
   [[noreturn]] void throw_timeout(const std::string& what) const;
 

@@ -12,6 +12,7 @@
 // it: Plans keep each step within half of it so rings cannot deadlock.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -59,6 +60,12 @@ class Connection {
   // when the peer's bytes arrive, writable when sends can move), or -1 when
   // there is none (shared memory).
   virtual int readiness_fd() const { return -1; }
+  // Sleeps until the peer may have posted a message (receiving) or freed room
+  // for one (sending), for at most `timeout`. Returns false at once where the
+  // transport has nothing to sleep on: the waiter then naps blind.
+  virtual bool sleep_until_peer(bool /*receiving*/, std::chrono::nanoseconds /*timeout*/) {
+    return false;
+  }
 
   virtual size_t slot_bytes() const = 0;
   virtual size_t capacity_bytes() const = 0;

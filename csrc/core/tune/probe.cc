@@ -55,7 +55,11 @@ double reduce_cost() {
 std::vector<double> max_over_ranks(const RunPlan& run, int rank, int size,
                                    const std::vector<double>& values) {
   std::vector<double> agreed(values.size(), 0.0);
-  PlanContext ctx{rank, size, sizeof(double), SIZE_MAX / 2, {}};
+  PlanContext ctx{};
+  ctx.rank = rank;
+  ctx.size = size;
+  ctx.elem_size = sizeof(double);
+  ctx.max_step_bytes = SIZE_MAX / 2;
   run(algo::oneshot_allreduce(ctx, values.size(), false, false), values.data(), agreed.data(),
       DataType::Float64, ReduceOp::Max);
   return agreed;

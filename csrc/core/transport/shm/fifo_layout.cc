@@ -42,6 +42,8 @@ void init_fifo(void* base, const FifoLayout& layout) {
   control->tail.store(0, std::memory_order_relaxed);
   control->sender_closed.store(0, std::memory_order_relaxed);
   control->receiver_closed.store(0, std::memory_order_relaxed);
+  control->doorbell.rings.store(0, std::memory_order_relaxed);
+  control->doorbell.sleepers.store(0, std::memory_order_relaxed);
   auto* headers = reinterpret_cast<SlotHeader*>(static_cast<char*>(base) + layout.headers_offset);
   for (size_t i = 0; i < layout.slots; ++i) new (&headers[i]) SlotHeader{};
 }

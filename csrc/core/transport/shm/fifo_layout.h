@@ -2,7 +2,8 @@
 // segment. The receiver of a direction creates and initializes the segment;
 // the sender maps it and checks its FifoInfo.
 //
-//   FifoControl   info | head | tail | closed flags, each on its own 128 bytes
+//   FifoControl   info | head | tail | closed flags | doorbell, each on its
+//                 own 128 bytes
 //   SlotHeader[]  one 64-byte header per slot: length, kind, address, and
 //                 messages of up to 32 bytes
 //   slot data     `slots` x stride bytes, each slot 4096-aligned
@@ -17,12 +18,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/transport/shm/doorbell.h"
+
 namespace weft::shm {
 
 constexpr size_t kFifoAlign = 128;
 constexpr size_t kSlotAlign = 4096;
 constexpr uint64_t kFifoMagic = 0x6f6669666d687377ULL;  // "wshmfifo"
-constexpr uint32_t kFifoVersion = 2;
+constexpr uint32_t kFifoVersion = 3;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters need lock-free atomics");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared flags need lock-free atomics");
@@ -42,6 +45,8 @@ struct FifoControl {
   alignas(kFifoAlign) std::atomic<uint64_t> tail;
   alignas(kFifoAlign) std::atomic<uint32_t> sender_closed;
   alignas(kFifoAlign) std::atomic<uint32_t> receiver_closed;
+  // Rung on every change of head or tail, and on closing (doorbell.h).
+  alignas(kFifoAlign) Doorbell doorbell;
 };
 
 enum SlotKind : uint32_t {

@@ -17,6 +17,7 @@
 #include "core/reduce/cpu_reduce.h"
 #include "core/transport/op_signature.h"
 #include "core/transport/shm/cma.h"
+#include "core/transport/shm/doorbell.h"
 #include "core/transport/shm/fifo_layout.h"
 #include "core/transport/shm/segment.h"
 #include "core/transport/shm/shm_handshake.h"
@@ -124,10 +125,7 @@ class ShmConnection final : public Connection {
 
   // ---- liveness ----
   void progress() override {
-    if (in_.control().sender_closed.load(std::memory_order_relaxed) != 0 ||
-        out_.control().receiver_closed.load(std::memory_order_relaxed) != 0) {
-      fail_if_stuck("peer closed the shared-memory connection");
-    }
+    if (peer_closed()) fail_if_stuck("peer closed the shared-memory connection");
     uint64_t now = ticks();
     if (now - last_socket_check_ < kSocketCheckTicks) return;
     last_socket_check_ = now;
@@ -137,6 +135,22 @@ class ShmConnection final : public Connection {
   void shutdown() override {
     out_.control().sender_closed.store(1, kRelease);
     in_.control().receiver_closed.store(1, kRelease);
+    shm::ring(out_.control().doorbell);
+    shm::ring(in_.control().doorbell);
+  }
+
+  bool sleep_until_peer(bool receiving, std::chrono::nanoseconds timeout) override {
+    if (receiving) {
+      shm::sleep_on(in_.control().doorbell, [&] { return peer_closed() || recv_ready(); }, timeout);
+    } else {
+      // A sender waits for the tail to move: for a free slot, or for the
+      // peer to have read what it sent by reference.
+      shm::sleep_on(
+          out_.control().doorbell,
+          [&] { return peer_closed() || out_.control().tail.load(kAcquire) != sent_tail_; },
+          timeout);
+    }
+    return true;
   }
 
   size_t slot_bytes() const override { return slot_bytes_; }
@@ -149,6 +163,11 @@ class ShmConnection final : public Connection {
       throw InvalidArgument(std::string("shm ") + call + ": message of " + std::to_string(bytes) +
                             " bytes exceeds the slot size " + std::to_string(slot_bytes_));
     }
+  }
+
+  bool peer_closed() const {
+    return in_.control().sender_closed.load(std::memory_order_relaxed) != 0 ||
+           out_.control().receiver_closed.load(std::memory_order_relaxed) != 0;
   }
 
   bool receive(void* dst, size_t bytes, bool streaming) {
@@ -181,6 +200,7 @@ class ShmConnection final : public Connection {
     ++send_pos_;
     if (++send_index_ == slots_) send_index_ = 0;
     out_.control().head.store(send_pos_, kRelease);
+    shm::ring(out_.control().doorbell);
   }
 
   static bool fits_in_header(size_t bytes) {
@@ -226,6 +246,7 @@ class ShmConnection final : public Connection {
     ++recv_pos_;
     if (++recv_index_ == slots_) recv_index_ = 0;
     in_.control().tail.store(recv_pos_, kRelease);
+    shm::ring(in_.control().doorbell);
   }
 
   // The peer has gone away. It is an error once we wait to receive and it

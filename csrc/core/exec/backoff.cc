@@ -40,6 +40,23 @@ constexpr auto kCrowdedNap = microseconds(20);
 // by itself for the checks between rounds: the timeout, a dead peer, an abort.
 constexpr auto kRungNap = microseconds(10000);
 
+// Linux lets a 20 us sleep last 70 us (the default timer slack): a nap asks
+// for 1 us of slack and gives the thread its own back afterwards, however the
+// nap ends.
+class PreciseTimerSlack {
+ public:
+  PreciseTimerSlack()
+      : own_(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0)),
+        changed_(own_ > 1000 && prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0) {}
+  ~PreciseTimerSlack() {
+    if (changed_) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(own_), 0, 0, 0);
+  }
+
+ private:
+  const long own_;
+  const bool changed_;
+};
+
 }  // namespace
 
 void Backoff::pause() {
@@ -77,15 +94,10 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
 }
 
 void Backoff::nap(std::chrono::nanoseconds length, std::initializer_list<Awaited> awaited) {
-  // Linux lets a 20 us sleep last 70 us (the default timer slack): the nap
-  // asks for 1 us of slack and gives the thread its own back afterwards.
-  const long own_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-  const bool precise = own_slack > 1000 && prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
-  if (!sleep_until_peer(length, awaited)) {
-    timespec ts{0, static_cast<long>(length.count())};
-    nanosleep(&ts, nullptr);
-  }
-  if (precise) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(own_slack), 0, 0, 0);
+  PreciseTimerSlack precise;
+  if (sleep_until_peer(length, awaited)) return;
+  timespec ts{0, static_cast<long>(length.count())};
+  nanosleep(&ts, nullptr);
 }
 
 bool Backoff::sleep_until_peer(std::chrono::nanoseconds length,

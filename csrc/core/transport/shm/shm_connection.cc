@@ -141,14 +141,13 @@ class ShmConnection final : public Connection {
 
   bool sleep_until_peer(bool receiving, std::chrono::nanoseconds timeout) override {
     if (receiving) {
-      shm::sleep_on(in_.control().doorbell, [&] { return peer_closed() || recv_ready(); }, timeout);
+      shm::sleep_on(in_.control().doorbell, [&] { return closed() || recv_ready(); }, timeout);
     } else {
       // A sender waits for the tail to move: for a free slot, or for the
       // peer to have read what it sent by reference.
       shm::sleep_on(
           out_.control().doorbell,
-          [&] { return peer_closed() || out_.control().tail.load(kAcquire) != sent_tail_; },
-          timeout);
+          [&] { return closed() || out_.control().tail.load(kAcquire) != sent_tail_; }, timeout);
     }
     return true;
   }
@@ -168,6 +167,13 @@ class ShmConnection final : public Connection {
   bool peer_closed() const {
     return in_.control().sender_closed.load(std::memory_order_relaxed) != 0 ||
            out_.control().receiver_closed.load(std::memory_order_relaxed) != 0;
+  }
+
+  // Either side closed: the peer, or this process aborting from another
+  // thread (shutdown) while the executor sleeps.
+  bool closed() const {
+    return peer_closed() || out_.control().sender_closed.load(std::memory_order_relaxed) != 0 ||
+           in_.control().receiver_closed.load(std::memory_order_relaxed) != 0;
   }
 
   bool receive(void* dst, size_t bytes, bool streaming) {

@@ -94,24 +94,19 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
 }
 
 void Backoff::nap(std::chrono::nanoseconds length, std::initializer_list<Awaited> awaited) {
-  PreciseTimerSlack precise;
-  if (sleep_until_peer(length, awaited)) return;
-  timespec ts{0, static_cast<long>(length.count())};
-  nanosleep(&ts, nullptr);
-}
-
-bool Backoff::sleep_until_peer(std::chrono::nanoseconds length,
-                               std::initializer_list<Awaited> awaited) {
   if (awaited.size() == 1) {
+    // The peer ends this sleep by ringing, so it needs no precise timer.
     const Awaited& a = *awaited.begin();
-    return a.connection->sleep_until_peer(a.receiving, kRungNap);
+    if (a.connection->sleep_until_peer(a.receiving, kRungNap)) return;
   }
+  PreciseTimerSlack precise;
   // Waiting on a message and on room to send: sleep until the message, and
   // look at the room when the nap is over, as a blind nap would.
   for (const Awaited& a : awaited) {
-    if (a.receiving) return a.connection->sleep_until_peer(true, length);
+    if (awaited.size() > 1 && a.receiving && a.connection->sleep_until_peer(true, length)) return;
   }
-  return false;
+  timespec ts{0, static_cast<long>(length.count())};
+  nanosleep(&ts, nullptr);
 }
 
 nfds_t Backoff::awaited_sockets(std::initializer_list<Awaited> awaited, pollfd* sockets) {

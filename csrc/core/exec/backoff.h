@@ -83,11 +83,8 @@ class Backoff {
   static bool on_sockets(std::initializer_list<Awaited> awaited) {
     return awaited.size() > 0 && awaited.begin()->connection->readiness_fd() >= 0;
   }
+  // Sleeps where an awaited peer can wake this rank, else blind, for `length`.
   static void nap(std::chrono::nanoseconds length, std::initializer_list<Awaited> awaited);
-  // Sleeps where an awaited peer can wake this rank (see the .cc); false when
-  // none can.
-  static bool sleep_until_peer(std::chrono::nanoseconds length,
-                               std::initializer_list<Awaited> awaited);
   void wait_a_little(Clock::duration waited, std::initializer_list<Awaited> awaited);
   [[noreturn]] void throw_timeout(const std::string& what) const;
 

@@ -2,10 +2,9 @@
 // process at either end rings it. Each FIFO has one: its receiver sleeps
 // there while the FIFO is empty, its sender while it is full or holds sends
 // by reference not yet read; whoever changes head, tail or a closed flag rings
-// it. A waiter that naps blind instead
-// wakes up to its nap's length late (a millisecond after long waits, such as
-// a rank that waits for a straggler), and a waiter that spins keeps a CPU
-// from the ranks that share it.
+// it. A waiter that naps blind instead wakes up to its nap's length late (a
+// millisecond after long waits, such as a rank that waits for a straggler),
+// and a waiter that spins keeps a CPU from the ranks that share it.
 //
 // Ringing costs a fence and a load while nobody sleeps: the system call is
 // made only when the other end has announced that it sleeps.

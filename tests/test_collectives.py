@@ -467,28 +467,38 @@ def test_recv_any_source(pools, size, transport):
 
 
 def case_barrier(ctx, delay_s, repeats):
-    """Rank 0 enters late; returns (rank 0's entry time, this rank's exit time)."""
-    if ctx.rank == 0:
-        time.sleep(delay_s)
-    entered = time.time()
-    ret = ctx.comm.barrier()
-    left = time.time()
+    """Each rank in turn enters late (first, middle, last: the dissemination barrier's rounds
+    reach each differently); returns, per turn, (the late rank, when it entered, when this
+    rank left, barrier()'s return value)."""
+    turns = []
+    for late in sorted({0, ctx.size // 2, ctx.size - 1}):
+        ctx.comm.barrier()
+        if ctx.rank == late:
+            time.sleep(delay_s)
+        entered = time.time()
+        ret = ctx.comm.barrier()
+        turns.append((late, entered, time.time(), ret))
     for _ in range(repeats):
         ctx.comm.barrier()
-    return entered, left, ret
+    return turns
 
 
 @world_params(SMALL_WORLDS)
 def test_barrier(pools, size, transport):
-    results = pools.get(size, transport).run(case_barrier, delay_s=0.5, repeats=50)
-    rank0_entered = results[0][0]
+    results = pools.get(size, transport).run(case_barrier, delay_s=0.2, repeats=50)
     problems = []
-    for rank, (_, left, ret) in enumerate(results):
-        if ret is not None:
-            problems.append(f"rank {rank}: barrier() returned {ret!r}")
-        if left < rank0_entered:
-            early = rank0_entered - left
-            problems.append(f"rank {rank} left the barrier {early:.3f} s before rank 0 entered it")
+    for turn in range(len(results[0])):
+        late = results[0][turn][0]
+        late_entered = results[late][turn][1]
+        for rank, turns in enumerate(results):
+            _, _, left, ret = turns[turn]
+            if ret is not None:
+                problems.append(f"rank {rank}: barrier() returned {ret!r}")
+            if left < late_entered:
+                early = late_entered - left
+                problems.append(
+                    f"rank {rank} left the barrier {early:.3f} s before rank {late} entered it"
+                )
     assert not problems, "\n".join(problems)
 
 

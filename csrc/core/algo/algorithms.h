@@ -144,7 +144,7 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
 inline bool oneshot_stages(int size, bool in_place, size_t bytes, size_t step_bytes) {
   return size > 2 || (in_place && bytes >= step_bytes);
 }
-// Zero-byte messages to and from every peer.
+// Zero-byte messages in ceil(log2 size) rounds (a dissemination barrier).
 Plan barrier(const PlanContext& ctx);
 
 // Input holds send_counts[p] elements for each peer p in rank order; Output

@@ -65,8 +65,11 @@ Plan oneshot_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool
 Plan barrier(const PlanContext& ctx) {
   Plan plan;
   plan.algorithm = "barrier";
-  // Zero-length Exchange steps still send and wait for one message each way.
-  for (int k = 1; k < ctx.size; ++k) {
+  // Dissemination: in round k each rank signals the rank 2^k after it and
+  // waits for the one 2^k before it, so after ceil(log2 size) rounds every
+  // rank has heard, through some chain, from every other. Zero-length
+  // Exchange steps still send and wait for one message each way.
+  for (int k = 1; k < ctx.size; k *= 2) {
     plan.steps.push_back(exchange_step((ctx.rank + k) % ctx.size, Span{Buf::Input, 0, 0},
                                        (ctx.rank - k + ctx.size) % ctx.size,
                                        Span{Buf::Output, 0, 0}));

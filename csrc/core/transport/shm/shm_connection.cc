@@ -57,6 +57,7 @@ class ShmConnection final : public Connection {
         in_(ends_.incoming.data(), ends_.layout),
         out_(ends_.outgoing.data(), ends_.layout),
         slots_(ends_.layout.slots),
+        headers_(ends_.layout.headers),
         slot_bytes_(ends_.layout.slot_bytes),
         peer_pid_(peer_pid),
         use_cma_(options.cma && ends_.peer_reads_us),
@@ -65,13 +66,17 @@ class ShmConnection final : public Connection {
   ~ShmConnection() override { shutdown(); }
 
   // ---- sending ----
-  void* send_slot() override { return send_slot_free() ? out_.data(send_index_) : nullptr; }
+  void* send_slot() override {
+    return header_free() && data_slot_free() ? out_.data(data_index_) : nullptr;
+  }
 
   void post_send(size_t bytes) override {
     check_size(bytes, "post_send");
-    if (!send_slot_free()) throw InvalidArgument("shm post_send: no slot was free");
+    if (!header_free() || !data_slot_free()) {
+      throw InvalidArgument("shm post_send: no slot was free");
+    }
     if (fits_in_header(bytes)) {
-      publish_in_header(out_.data(send_index_), bytes);
+      publish_in_header(out_.data(data_index_), bytes);
       return;
     }
     publish(shm::kSlotInline, bytes, 0);
@@ -79,7 +84,7 @@ class ShmConnection final : public Connection {
 
   bool send_from(const void* src, size_t bytes) override {
     check_size(bytes, "send_from");
-    if (!send_slot_free()) return false;
+    if (!header_free()) return false;
     if (fits_in_header(bytes)) {
       publish_in_header(src, bytes);
       return true;
@@ -89,7 +94,8 @@ class ShmConnection final : public Connection {
       publish(shm::kSlotReference, bytes, reinterpret_cast<uintptr_t>(src));
       return true;
     }
-    if (bytes > 0) reduce::copy(out_.data(send_index_), nullptr, src, bytes, false);
+    if (!data_slot_free()) return false;
+    reduce::copy(out_.data(data_index_), nullptr, src, bytes, false);
     publish(shm::kSlotInline, bytes, 0);
     return true;
   }
@@ -189,12 +195,21 @@ class ShmConnection final : public Connection {
     return true;
   }
 
-  // The fast path reads only our cached copy of the peer's counter; the shared
-  // line is read again only when the cached value says "full" or "empty".
-  bool send_slot_free() {
-    if (send_pos_ - sent_tail_ < slots_) return true;
+  // The fast paths read only our cached copies of the peer's counters; the
+  // shared line is read again only when a cached value says "full" or "empty".
+  bool header_free() {
+    if (send_pos_ - sent_tail_ < headers_) return true;
     sent_tail_ = out_.control().tail.load(kAcquire);
-    return send_pos_ - sent_tail_ < slots_;
+    return send_pos_ - sent_tail_ < headers_;
+  }
+
+  bool data_slot_free() {
+    if (data_pos_ - sent_data_tail_ < slots_) return true;
+    // tail too, so that a sleep until the tail moves (sleep_until_peer)
+    // waits for the next consumption, not one already seen.
+    sent_tail_ = out_.control().tail.load(kAcquire);
+    sent_data_tail_ = out_.control().data_tail.load(kAcquire);
+    return data_pos_ - sent_data_tail_ < slots_;
   }
 
   void publish(uint32_t kind, size_t bytes, uint64_t address) {
@@ -204,19 +219,21 @@ class ShmConnection final : public Connection {
     header.address = address;
     header.operation = operation_;
     ++send_pos_;
-    if (++send_index_ == slots_) send_index_ = 0;
+    if (++send_index_ == headers_) send_index_ = 0;
+    if (kind == shm::kSlotInline) {
+      ++data_pos_;
+      if (++data_index_ == slots_) data_index_ = 0;
+    }
     out_.control().head.store(send_pos_, kRelease);
     shm::ring(out_.control().doorbell);
   }
 
-  static bool fits_in_header(size_t bytes) {
-    return bytes > 0 && bytes <= shm::kHeaderPayloadBytes;
-  }
+  static bool fits_in_header(size_t bytes) { return bytes <= shm::kHeaderPayloadBytes; }
 
   // Where a message that is not a reference lies: its slot's header or data.
   const void* received_bytes(const SlotHeader& header) const {
     return header.kind == shm::kSlotInHeader ? static_cast<const void*>(header.payload)
-                                             : in_.data(recv_index_);
+                                             : in_.data(recv_data_index_);
   }
 
   void publish_in_header(const void* src, size_t bytes) {
@@ -227,8 +244,8 @@ class ShmConnection final : public Connection {
   bool recv_ready() {
     if (recv_head_ != recv_pos_) return true;
     recv_head_ = in_.control().head.load(kAcquire);
-    if (recv_head_ - recv_pos_ > slots_) {
-      throw PeerError("shared-memory FIFO corrupted: the peer posted more messages than slots");
+    if (recv_head_ - recv_pos_ > headers_) {
+      throw PeerError("shared-memory FIFO corrupted: the peer posted more messages than headers");
     }
     recv_waiting_ = recv_head_ == recv_pos_;
     return !recv_waiting_;
@@ -249,8 +266,13 @@ class ShmConnection final : public Connection {
   }
 
   void consume() {
+    if (in_.header(recv_index_).kind == shm::kSlotInline) {
+      ++recv_data_pos_;
+      if (++recv_data_index_ == slots_) recv_data_index_ = 0;
+      in_.control().data_tail.store(recv_data_pos_, kRelease);
+    }
     ++recv_pos_;
-    if (++recv_index_ == slots_) recv_index_ = 0;
+    if (++recv_index_ == headers_) recv_index_ = 0;
     in_.control().tail.store(recv_pos_, kRelease);
     shm::ring(in_.control().doorbell);
   }
@@ -277,23 +299,31 @@ class ShmConnection final : public Connection {
   FifoView in_;
   FifoView out_;
   const size_t slots_;
+  const size_t headers_;
   const size_t slot_bytes_;
   const int peer_pid_;
   const bool use_cma_;
   const size_t cma_min_bytes_;
 
-  // Sender state: messages posted, last tail seen, slot index, and the end of
-  // the last message sent by reference (complete once the tail passes it).
+  // Sender state: messages posted, last tail seen, header index, the same
+  // three for messages in slot data, and the end of the last message sent by
+  // reference (complete once the tail passes it).
   uint64_t send_pos_ = 0;
   uint64_t sent_tail_ = 0;
   size_t send_index_ = 0;
+  uint64_t data_pos_ = 0;
+  uint64_t sent_data_tail_ = 0;
+  size_t data_index_ = 0;
   uint64_t ref_end_ = 0;
 
-  // Receiver state: messages consumed, last head seen, slot index, and which
-  // message the bounce buffer holds.
+  // Receiver state: messages consumed, last head seen, header index, messages
+  // in slot data consumed and their slot index, and which message the bounce
+  // buffer holds.
   uint64_t recv_pos_ = 0;
   uint64_t recv_head_ = 0;
   size_t recv_index_ = 0;
+  uint64_t recv_data_pos_ = 0;
+  size_t recv_data_index_ = 0;
   uint64_t bounce_pos_ = UINT64_MAX;
   std::unique_ptr<char, FreeDeleter> bounce_;
 
@@ -310,8 +340,9 @@ std::unique_ptr<Connection> make_shm_connection(Socket& control, int rank, int p
   bool cma = options.cma && ends.peer_reads_us;
   WEFT_LOG(Info, rank,
            "shm connection to rank " << peer << " channel " << channel << ": " << ends.layout.slots
-                                     << " x " << ends.layout.slot_bytes
-                                     << " byte slots, sends by reference "
+                                     << " x " << ends.layout.slot_bytes << " byte slots, "
+                                     << ends.layout.headers
+                                     << " messages in flight, sends by reference "
                                      << (cma ? "on" : (options.cma ? "unavailable" : "off")));
   return std::make_unique<ShmConnection>(control, peer_pid, options, std::move(ends));
 }

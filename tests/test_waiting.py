@@ -53,3 +53,34 @@ def test_a_waiting_rank_wakes_when_its_peer_posts(pools):
     # up to the 10 ms that a rung sleep lasts by itself.
     lag_ms = [(w["end"] - s["start"]) * 1e3 for s, w in zip(late, waiting)]
     assert statistics.median(lag_ms) < 3, f"rank 1 returned {lag_ms} ms after rank 0 called"
+
+
+def case_ring_waits_for_a_late_rank(ctx, late_s, rounds, nbytes):
+    """Rank size-1 comes late to ring allreduces; the others' ring steps wait both for a message
+    and for room to send on."""
+    import weft
+
+    comm = weft.Communicator(
+        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("ring"), timeout=30, algo="ring"
+    )
+    x = np.ones(nbytes // 4, np.float32)
+    sleeps = []
+    for _ in range(rounds):
+        x[:] = 1
+        comm.barrier()
+        if ctx.rank == ctx.size - 1:
+            time.sleep(late_s)
+        before = voluntary_switches()
+        comm.allreduce(x)
+        sleeps.append(voluntary_switches() - before)
+        assert np.array_equal(x, np.full_like(x, ctx.size)), x[:4]
+    return sleeps
+
+
+def test_a_rank_waiting_on_two_connections_sleeps_until_either_moves(pools):
+    # Slots of 4 KiB: 1 MiB fills every FIFO, so the early ranks block receiving and sending.
+    sleeps = pools.get(3, "shm-small").run(case_ring_waits_for_a_late_rank, LATE_S, 3, 1 << 20)
+    # Napping on the receive alone, 20-50 us at a time: 550-750 sleeps a round here. Asleep
+    # on both FIFOs' doorbells (futex_waitv), woken when either peer rings: 30-150.
+    early = [max(s) for s in sleeps[:-1]]
+    assert max(early) < 300, f"the early ranks went to sleep {sleeps[:-1]} times per round"

@@ -94,14 +94,17 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
 }
 
 void Backoff::nap(std::chrono::nanoseconds length, std::initializer_list<Awaited> awaited) {
-  if (awaited.size() == 1) {
-    // The peer ends this sleep by ringing, so it needs no precise timer.
-    const Awaited& a = *awaited.begin();
-    if (a.connection->sleep_until_peer(a.receiving, kRungNap)) return;
+  // A peer ends these sleeps by ringing, so they need no precise timer.
+  const Awaited* a = awaited.begin();
+  if (awaited.size() == 1 && a->connection->sleep_until_peer(a->receiving, kRungNap)) return;
+  if (awaited.size() == 2 && a[0].connection->sleep_until_either_peer(
+                                 a[0].receiving, *a[1].connection, a[1].receiving, kRungNap)) {
+    return;
   }
   PreciseTimerSlack precise;
-  // Waiting on a message and on room to send: sleep until the message, and
-  // look at the room when the nap is over, as a blind nap would.
+  // Waiting on a message and on room to send where the two cannot be slept
+  // on together: sleep until the message, and look at the room when the nap
+  // is over, as a blind nap would.
   for (const Awaited& a : awaited) {
     if (awaited.size() > 1 && a.receiving && a.connection->sleep_until_peer(true, length)) return;
   }

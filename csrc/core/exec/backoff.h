@@ -7,8 +7,9 @@
 // sockets, its naps become sleeps in ppoll() on them (the kernel wakes the
 // rank when bytes arrive), and SocketWait says when they start; on shared
 // memory they become sleeps that the peer ends when it posts the awaited
-// message or frees the awaited slot (Connection::sleep_until_peer), so a rank
-// that waited long for a straggler does not start a nap's length late. The phases
+// message or frees the awaited slot (Connection::sleep_until_peer, or
+// sleep_until_either_peer for a step that awaits both), so a rank that waited
+// long for a straggler does not start a nap's length late. The phases
 // are measured in time, not iterations, because the cost of a pause
 // instruction varies tenfold between CPUs. Throws TimeoutError once nothing
 // has progressed for the timeout.

@@ -66,6 +66,14 @@ class Connection {
   virtual bool sleep_until_peer(bool /*receiving*/, std::chrono::nanoseconds /*timeout*/) {
     return false;
   }
+  // The same for a step that waits on two sides at once (a message here and
+  // room on `other`, say): sleeps until either peer acts. Returns false at
+  // once where the two cannot be slept on together.
+  virtual bool sleep_until_either_peer(bool /*receiving*/, Connection& /*other*/,
+                                       bool /*other_receiving*/,
+                                       std::chrono::nanoseconds /*timeout*/) {
+    return false;
+  }
 
   virtual size_t slot_bytes() const = 0;
   virtual size_t capacity_bytes() const = 0;

@@ -146,16 +146,17 @@ class ShmConnection final : public Connection {
   }
 
   bool sleep_until_peer(bool receiving, std::chrono::nanoseconds timeout) override {
-    if (receiving) {
-      shm::sleep_on(in_.control().doorbell, [&] { return closed() || recv_ready(); }, timeout);
-    } else {
-      // A sender waits for the tail to move: for a free slot, or for the
-      // peer to have read what it sent by reference.
-      shm::sleep_on(
-          out_.control().doorbell,
-          [&] { return closed() || out_.control().tail.load(kAcquire) != sent_tail_; }, timeout);
-    }
+    shm::sleep_on(bell(receiving), [&] { return peer_acted(receiving); }, timeout);
     return true;
+  }
+
+  bool sleep_until_either_peer(bool receiving, Connection& other, bool other_receiving,
+                               std::chrono::nanoseconds timeout) override {
+    auto* shm_other = dynamic_cast<ShmConnection*>(&other);
+    if (shm_other == nullptr) return false;
+    return shm::sleep_on_either(
+        bell(receiving), shm_other->bell(other_receiving),
+        [&] { return peer_acted(receiving) || shm_other->peer_acted(other_receiving); }, timeout);
   }
 
   size_t slot_bytes() const override { return slot_bytes_; }
@@ -168,6 +169,19 @@ class ShmConnection final : public Connection {
       throw InvalidArgument(std::string("shm ") + call + ": message of " + std::to_string(bytes) +
                             " bytes exceeds the slot size " + std::to_string(slot_bytes_));
     }
+  }
+
+  // The FIFO whose doorbell a receiver (the incoming one) or a sender sleeps on.
+  shm::Doorbell& bell(bool receiving) const {
+    return receiving ? in_.control().doorbell : out_.control().doorbell;
+  }
+
+  // What ends such a sleep: a message, or (for a sender) the tail moving: a
+  // free slot, or the peer having read what was sent by reference. Closing
+  // either side ends it too.
+  bool peer_acted(bool receiving) {
+    if (closed()) return true;
+    return receiving ? recv_ready() : out_.control().tail.load(kAcquire) != sent_tail_;
   }
 
   bool peer_closed() const {

@@ -70,9 +70,9 @@ def case_ring_waits_for_a_late_rank(ctx, late_s, rounds, nbytes):
         comm.barrier()
         if ctx.rank == ctx.size - 1:
             time.sleep(late_s)
-        before = voluntary_switches()
+        before, cpu_before = voluntary_switches(), time.thread_time()
         comm.allreduce(x)
-        sleeps.append(voluntary_switches() - before)
+        sleeps.append((voluntary_switches() - before, time.thread_time() - cpu_before))
         assert np.array_equal(x, np.full_like(x, ctx.size)), x[:4]
     return sleeps
 
@@ -82,5 +82,9 @@ def test_a_rank_waiting_on_two_connections_sleeps_until_either_moves(pools):
     sleeps = pools.get(3, "shm-small").run(case_ring_waits_for_a_late_rank, LATE_S, 3, 1 << 20)
     # Napping on the receive alone, 20-50 us at a time: 550-750 sleeps a round here. Asleep
     # on both FIFOs' doorbells (futex_waitv), woken when either peer rings: 30-150.
-    early = [max(s) for s in sleeps[:-1]]
+    early = [max(n for n, _ in rounds) for rounds in sleeps[:-1]]
     assert max(early) < 300, f"the early ranks went to sleep {sleeps[:-1]} times per round"
+    # A wait that spins instead of sleeping goes to sleep rarely too, but spends the wait on
+    # the CPU (measured: 4-7 ms of CPU per round).
+    cpu_s = [max(c for _, c in rounds) for rounds in sleeps[:-1]]
+    assert max(cpu_s) < LATE_S / 3, f"the early ranks spent {cpu_s} s of CPU waiting"

@@ -150,13 +150,20 @@ class ShmConnection final : public Connection {
     return true;
   }
 
+  // A step awaits a send while it has more to send, whether or not the FIFO
+  // is full (the next bytes may still have to arrive on the other side), so a
+  // send side wakes this sleep only once it found the FIFO full: else the
+  // tail it last saw is old, and the sleep would end at once, every round.
   bool sleep_until_either_peer(bool receiving, Connection& other, bool other_receiving,
                                std::chrono::nanoseconds timeout) override {
     auto* shm_other = dynamic_cast<ShmConnection*>(&other);
     if (shm_other == nullptr) return false;
     return shm::sleep_on_either(
         bell(receiving), shm_other->bell(other_receiving),
-        [&] { return peer_acted(receiving) || shm_other->peer_acted(other_receiving); }, timeout);
+        [&] {
+          return peer_acted_on_wait(receiving) || shm_other->peer_acted_on_wait(other_receiving);
+        },
+        timeout);
   }
 
   size_t slot_bytes() const override { return slot_bytes_; }
@@ -182,6 +189,10 @@ class ShmConnection final : public Connection {
   bool peer_acted(bool receiving) {
     if (closed()) return true;
     return receiving ? recv_ready() : out_.control().tail.load(kAcquire) != sent_tail_;
+  }
+
+  bool peer_acted_on_wait(bool receiving) {
+    return receiving || send_full_ ? peer_acted(receiving) : closed();
   }
 
   bool peer_closed() const {
@@ -212,18 +223,23 @@ class ShmConnection final : public Connection {
   // The fast paths read only our cached copies of the peer's counters; the
   // shared line is read again only when a cached value says "full" or "empty".
   bool header_free() {
-    if (send_pos_ - sent_tail_ < headers_) return true;
-    sent_tail_ = out_.control().tail.load(kAcquire);
-    return send_pos_ - sent_tail_ < headers_;
+    if (send_pos_ - sent_tail_ >= headers_) sent_tail_ = out_.control().tail.load(kAcquire);
+    return note_room(send_pos_ - sent_tail_ < headers_);
   }
 
   bool data_slot_free() {
-    if (data_pos_ - sent_data_tail_ < slots_) return true;
-    // tail too, so that a sleep until the tail moves (sleep_until_peer)
-    // waits for the next consumption, not one already seen.
-    sent_tail_ = out_.control().tail.load(kAcquire);
-    sent_data_tail_ = out_.control().data_tail.load(kAcquire);
-    return data_pos_ - sent_data_tail_ < slots_;
+    if (data_pos_ - sent_data_tail_ >= slots_) {
+      // tail too, so that a sleep until the tail moves (sleep_until_peer)
+      // waits for the next consumption, not one already seen.
+      sent_tail_ = out_.control().tail.load(kAcquire);
+      sent_data_tail_ = out_.control().data_tail.load(kAcquire);
+    }
+    return note_room(data_pos_ - sent_data_tail_ < slots_);
+  }
+
+  bool note_room(bool room) {
+    send_full_ = !room;
+    return room;
   }
 
   void publish(uint32_t kind, size_t bytes, uint64_t address) {
@@ -328,6 +344,7 @@ class ShmConnection final : public Connection {
   uint64_t data_pos_ = 0;
   uint64_t sent_data_tail_ = 0;
   size_t data_index_ = 0;
+  bool send_full_ = false;  // the last look for room found none
   uint64_t ref_end_ = 0;
 
   // Receiver state: messages consumed, last head seen, header index, messages

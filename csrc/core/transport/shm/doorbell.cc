@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 
 namespace weft::shm {
@@ -61,16 +62,10 @@ bool futex_sleep_either(std::atomic<uint32_t>& first, uint32_t first_seen,
   waiters[1].val = second_seen;
   waiters[1].uaddr = reinterpret_cast<uintptr_t>(&second);
   waiters[1].flags = kWord32;
-  // futex_waitv takes an absolute time on the given clock.
-  timespec deadline;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  const timespec add = to_timespec(timeout);
-  deadline.tv_sec += add.tv_sec;
-  deadline.tv_nsec += add.tv_nsec;
-  if (deadline.tv_nsec >= 1000000000) {
-    deadline.tv_nsec -= 1000000000;
-    ++deadline.tv_sec;
-  }
+  // futex_waitv takes an absolute time on the given clock (steady_clock
+  // reads CLOCK_MONOTONIC).
+  const timespec deadline =
+      to_timespec(std::chrono::steady_clock::now().time_since_epoch() + timeout);
   // As in futex_sleep, every outcome but a missing system call means "check
   // again".
   if (syscall(SYS_futex_waitv, waiters, 2, 0, &deadline, CLOCK_MONOTONIC) >= 0 || errno != ENOSYS) {

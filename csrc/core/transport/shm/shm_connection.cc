@@ -72,9 +72,7 @@ class ShmConnection final : public Connection {
 
   void post_send(size_t bytes) override {
     check_size(bytes, "post_send");
-    if (!header_free() || !data_slot_free()) {
-      throw InvalidArgument("shm post_send: no slot was free");
-    }
+    if (send_slot() == nullptr) throw InvalidArgument("shm post_send: no slot was free");
     if (fits_in_header(bytes)) {
       publish_in_header(out_.data(data_index_), bytes);
       return;

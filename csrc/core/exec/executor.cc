@@ -181,8 +181,10 @@ class Run {
   }
 
   // Writes `a` (op) `b` — or `a` alone when b is null — into dst and/or slot.
-  void emit(const void* a, const void* b, char* dst, void* slot, size_t len, int div) {
-    const bool streaming = op_.streaming && dst != nullptr;
+  // `sent_next`: dst is about to be sent, so it stays in the cache.
+  void emit(const void* a, const void* b, char* dst, void* slot, size_t len, int div,
+            bool sent_next) {
+    const bool streaming = op_.streaming && dst != nullptr && !sent_next;
     void* first = dst ? static_cast<void*>(dst) : slot;
     void* second = dst ? slot : nullptr;
     if (b != nullptr) {
@@ -224,8 +226,18 @@ class Run {
             "receive from", s.recv_peer, true);
         continue;
       }
+      // A forward whose message arrives through staging copies (tcp):
+      // straight into place, and on from there (below).
+      if (rc && sc && dst && !local && div == 0 && rc->stages_by_copy()) {
+        wait_until([&] { return rc->recv_into(dst, bytes); }, "receive from", s.recv_peer, true);
+        wait_until([&] { return sc->send_from(dst, bytes); }, "send to", s.send_peer, false);
+        continue;
+      }
+      // What a step writes into dst is the op's result there, so where
+      // staging a send costs a copy, dst goes out by reference instead.
+      const bool send_dst = sc && dst && sc->stages_by_copy();
       void* slot = nullptr;
-      if (sc) {
+      if (sc && !send_dst) {
         wait_until([&] { return (slot = sc->send_slot()) != nullptr; }, "send to", s.send_peer,
                    false);
       }
@@ -235,12 +247,16 @@ class Run {
                    s.recv_peer, true);
       }
       if (incoming) {
-        emit(incoming, local, dst, slot, len, div);
+        emit(incoming, local, dst, slot, len, div, send_dst);
         rc->release_recv();
       } else {
-        emit(local, nullptr, dst, slot, len, div);
+        emit(local, nullptr, dst, slot, len, div, send_dst);
       }
-      if (sc) sc->post_send(bytes);
+      if (send_dst) {
+        wait_until([&] { return sc->send_from(dst, bytes); }, "send to", s.send_peer, false);
+      } else if (sc) {
+        sc->post_send(bytes);
+      }
     }
   }
 

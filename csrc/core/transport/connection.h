@@ -75,6 +75,11 @@ class Connection {
     return false;
   }
 
+  // Whether send_slot and recv_slot cost a copy each that send_from and
+  // recv_into avoid (a socket's staging buffers; shared memory's slots are
+  // the transfer itself).
+  virtual bool stages_by_copy() const { return false; }
+
   virtual size_t slot_bytes() const = 0;
   virtual size_t capacity_bytes() const = 0;
   virtual const char* transport_name() const = 0;

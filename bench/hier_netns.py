@@ -32,7 +32,7 @@ def run(net, args, out: Path) -> dict:
     size = args.hosts * args.per_host
     bench = [sys.executable, "-m", "weft.bench", "-o", "all_reduce", "-b", args.b, "-e", args.e]
     bench += ["-f", "4", "-n", str(args.n), "--iter-bytes", args.iter_bytes, "-w", "1"]
-    bench += ["--repeats", str(args.repeats)]
+    bench += ["--rounds", str(args.rounds), "--repeats", str(args.repeats)]
     bench += ["--algo", args.algos, "--vs", args.vs, f"--json={out}"]
     # weft's settings come from --algos alone; WEFT_DEBUG passes, to log what the tuner tried.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_") or k == "WEFT_DEBUG"}
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("-e", default="64M")
     parser.add_argument("-n", type=int, default=5)
     parser.add_argument("--iter-bytes", default="0", help="weft-bench's (more calls when small)")
+    parser.add_argument("--rounds", type=int, default=1, help="weft-bench's (median block)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--json", type=Path, required=True)

@@ -381,3 +381,32 @@ def test_weft_tune_names_what_is_wrong_with_a_file(tmp_path):
     # off: the built-in figures.
     builtin = cost_model_with("off")
     assert builtin.returncode == 0 and "shm_alpha_s 2e-06" in builtin.stdout
+
+
+def test_rounds_split_the_timed_calls_and_report_the_median_block(tmp_path):
+    """--rounds 3: each variant's timed calls in 3 blocks, taken in turns; the launch's time
+    is the median block, each block its slowest rank's."""
+    out = tmp_path / "r.json"
+    proc = bench(
+        *("-b", "1K", "-e", "1K", "-n", "5", "-w", "1", "--rounds", "3", "--np", "3"),
+        *("--algo", "ring,tree", f"--json={out}"),
+    )
+    assert "rounds 3, repeats 1" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["config"]["rounds"] == 3
+    for r in report["results"]:
+        [blocks] = r["time_us_rounds"]
+        assert len(blocks) == 3 and r["iters"] == 6, r  # 2 calls a block
+        assert r["time_us"] == pytest.approx(sorted(blocks)[1], rel=1e-3), r
+
+
+def test_a_rounds_time_is_its_slowest_rank():
+    from weft.bench.results import combine_ranks
+
+    def rank(*blocks):
+        record = {"op": "all_reduce", "wrong": 0, "time_s": 0, "round_times_s": list(blocks)}
+        return {"records": [record], "refused": {}, "unsupported": []}
+
+    [record] = combine_ranks([rank(1.0, 5.0, 2.0), rank(3.0, 1.0, 2.5)])["records"]
+    assert record["round_times_s"] == [3.0, 5.0, 2.5]
+    assert record["time_s"] == 3.0

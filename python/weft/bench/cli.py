@@ -21,8 +21,9 @@ from weft.bench.sizes import MAX_ITERS_FACTOR, parse_size, sweep
 
 TIMING = (
     "per call, the mean over -n iterations (more with --iter-bytes) started together after a "
-    "barrier (nccl-tests' method), of the slowest rank, in us; with repeats, the median over "
-    "the launches"
+    "barrier (nccl-tests' method), of the slowest rank, in us; with rounds, the iterations "
+    "split into that many blocks, each after a barrier, the variants of a launch taking turns "
+    "block by block, and the median over the blocks; with repeats, the median over the launches"
 )
 BANDWIDTH = "algbw = size / time, busbw = algbw x the op's factor as in nccl-tests; GB = 1e9 B"
 
@@ -72,6 +73,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[os.environ.get("WEFT_TRANSPORT") or "auto"],
         help="weft's transports (WEFT_TRANSPORT): auto, shm, tcp, all; default $WEFT_TRANSPORT",
     )
+    add(
+        "--rounds",
+        type=int,
+        default=1,
+        help="split the timed calls into this many blocks, the variants of a launch taking "
+        "turns block by block; report the median block (default 1: nccl-tests' mean)",
+    )
     add("--repeats", type=int, default=1, help="launches per system (median), interleaved")
     add("--json", type=Path, help="write the report as JSON")
     add("--csv", type=Path, help="write the results as CSV")
@@ -93,8 +101,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.transport = list(lineup.TRANSPORTS)
     if "all" in args.algo and len(args.algo) > 1:
         p.error("--algo all stands alone")
-    if args.iters < 1 or args.warmup_iters < 0 or args.repeats < 1:
-        p.error("need -n >= 1, -w >= 0 and --repeats >= 1")
+    if args.iters < 1 or args.warmup_iters < 0 or args.repeats < 1 or args.rounds < 1:
+        p.error("need -n >= 1, -w >= 0, --rounds >= 1 and --repeats >= 1")
     try:
         args.sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
     except ValueError as e:
@@ -130,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.datatype,
         "iters": args.iters,
         "iter_bytes": args.iter_bytes,
+        "rounds": args.rounds,
         "warmup": args.warmup_iters,
         "check": bool(args.check),
         "root": args.root,

@@ -32,7 +32,7 @@ def header(config: dict) -> list[str]:
     return [
         f"# weft-bench: {c['world_size']} ranks ({c['launcher']}), {c['dtype']}, "
         f"-n {c['iters']}{iter_bytes(c)} -w {c['warmup']} -c {int(c['check'])}, "
-        f"repeats {c['repeats']}, "
+        f"rounds {c.get('rounds', 1)}, repeats {c['repeats']}, "
         f"tensors on {'huge' if c.get('huge_pages') else 'default'} pages "
         f"(THP_MEM_ALLOC_ENABLE={int(bool(c.get('huge_pages')))})",
         f"# time: {c['timing']}",

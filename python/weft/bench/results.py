@@ -1,11 +1,12 @@
 """From raw per-rank timings to the records the reports show.
 
-A launch's time per call at one (op, size, form) is its slowest rank's; #wrong is the sum over
-ranks. With --repeats, the reported time is the median over the launches, whose times are kept
-in `time_us_runs`, and where the system says which algorithm it ran (weft), each launch's in
-`algorithm_runs`, and the untimed calls it spent trying algorithms first in `trial_calls_runs`.
-Bandwidths as nccl-tests defines them, GB = 1e9 bytes: algbw = bytes / time, busbw = algbw x
-the op's factor (ops.Op.bus_factor).
+A launch's time per call at one (op, size, form) is its slowest rank's; with --rounds, the
+median over the rounds of each round's slowest rank, the rounds kept in `time_us_rounds`.
+#wrong is the sum over ranks. With --repeats, the reported time is the median over the
+launches, whose times are kept in `time_us_runs`, and where the system says which algorithm
+it ran (weft), each launch's in `algorithm_runs`, and the untimed calls it spent trying
+algorithms first in `trial_calls_runs`. Bandwidths as nccl-tests defines them, GB = 1e9
+bytes: algbw = bytes / time, busbw = algbw x the op's factor (ops.Op.bus_factor).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def combine_ranks(per_rank: list[dict]) -> dict:
     for at_ranks in zip(*(out["records"] for out in per_rank)):
         record = dict(at_ranks[0])
         record["time_s"] = max(r["time_s"] for r in at_ranks)
+        if "round_times_s" in record:
+            slowest = [max(rounds) for rounds in zip(*(r["round_times_s"] for r in at_ranks))]
+            record["round_times_s"] = slowest
+            record["time_s"] = statistics.median(slowest)
         wrongs = [r["wrong"] for r in at_ranks]
         record["wrong"] = None if None in wrongs else sum(wrongs)
         records.append(record)
@@ -61,6 +66,8 @@ def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
                 "time_us_runs": [sig(x * 1e6) for x in times],
             }
         )
+        if any("round_times_s" in r for r in same):
+            out[-1]["time_us_rounds"] = [[sig(x * 1e6) for x in r["round_times_s"]] for r in same]
         if any("algorithm" in r for r in same):
             out[-1]["algorithm_runs"] = [r.get("algorithm") for r in same]
             out[-1]["trial_calls_runs"] = [r.get("trial_calls", 0) for r in same]

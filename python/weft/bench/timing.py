@@ -3,10 +3,17 @@
 Per op, size and form: one checked call on patterned inputs (with -c), `warmup` untimed calls
 on zeroed buffers (zeros stay zeros however often they are reduced), more untimed calls while
 the system still tries algorithms at that size (weft's tuner; at most MAX_TRIAL_CALLS, the
-count recorded as "trial_calls"), the system's barrier, then
-`iters` timed calls (more at small sizes with --iter-bytes, see timed_calls), the clock stopped
-once the last one is done. A rank's time per call is the elapsed time / iters (nccl-tests'
-mean); the caller takes the slowest rank's (results.py).
+count recorded as "trial_calls"), then the timed calls (-n, more at small sizes with
+--iter-bytes, see timed_calls) in --rounds blocks: each block starts after the system's
+barrier and its clock stops once the block's last call is done. A rank's time per call in a
+block is the block's elapsed time / its calls (nccl-tests' mean); the caller takes the
+slowest rank's per block (results.py), and the median over the blocks.
+
+Several variants (weft's algorithms, in one launch) share the buffers of each (op, size,
+form) and take turns block by block, the order rotating each round: a burst of background
+load on a crowded machine (4 ranks on 2 cores: one family's 4 MiB allreduce ran 8.6 ms in
+one block and 5.0-6.2 in the others') then lands in one block of one variant, which the
+median sets aside, rather than in all of that variant's calls.
 
 The loop's own tensor work (filling, zeroing, checking) runs on one thread: torch's OpenMP
 threads keep spinning after each parallel region, and on a machine with fewer cores than ranks
@@ -16,6 +23,7 @@ weft's time at 512 KiB).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -37,48 +45,78 @@ def run_plan(
     step: Callable[[], None],
 ) -> dict[str, dict]:
     """This rank's measurements of `plan` (see cli.make_plan) over each variant: name ->
-    (system, the ops it runs). Several variants (weft's algorithms, in one launch) take turns
-    at each (op, size), so that the launch's conditions are the same for all of them.
+    (system, the ops it runs). Several variants take turns at each (op, size, form), so that
+    the launch's conditions are the same for all of them.
 
     Returns name -> {"records": [...], "refused": {op: reason}, "unsupported": [reasons]};
     the records come in the same order on every rank. `step()` is called once per (op, size)
     of each variant.
     """
     torch.set_num_threads(1)
-    dtype = ops.DTYPES[plan["dtype"]]
-    elem_size = dtype.itemsize
     outs = {name: {"records": [], "refused": {}, "unsupported": []} for name in variants}
     for op_name in plan["ops"]:
         op = ops.OPS[op_name]
+        elem_size = ops.DTYPES[plan["dtype"]].itemsize
         for nbytes in plan["sizes"]:
             shape = ops.shape(op, nbytes, size, elem_size)
-            for name, (system, its_ops) in variants.items():
-                if op_name not in its_ops:
-                    continue
-                out = outs[name]
-                if shape.block > 0 and op_name not in out["refused"]:
-                    try:
-                        for in_place in op.forms():
-                            record = measure(system, op, in_place, shape, plan, rank, size, out)
-                            if record:
-                                out["records"].append(record)
-                    except system.refusals as e:
-                        out["refused"][op_name] = str(e)
+            running = [name for name, (_, its_ops) in variants.items() if op_name in its_ops]
+            if shape.block > 0:
+                for in_place in op.forms():
+                    here = {n: variants[n][0] for n in running if op_name not in outs[n]["refused"]}
+                    measure(here, op, in_place, shape, plan, rank, size, outs)
+            for _ in running:
                 step()
     for system, _ in variants.values():
         system.barrier()
     return outs
 
 
-def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
+def measure(systems, op, in_place, shape, plan, rank, size, outs) -> None:
+    """Every system of `systems` (name -> System) on one (op, size, form): each readied in
+    turn, then their timed blocks in turns; appends each one's record to outs[name]."""
+    dtype = ops.DTYPES[plan["dtype"]]
+    buffers: dict[str, tuple] = {}  # per device, shared by the systems on it
+    ready = {}
+    for name, system in systems.items():
+        device = system.device
+        if device not in buffers:
+            buffers[device] = ops.buffers(op, in_place, shape, size, rank, dtype, device)
+        try:
+            ready[name] = ready_call(system, op, in_place, shape, plan, rank, size, buffers[device])
+        except Unsupported as e:
+            if str(e) not in outs[name]["unsupported"]:
+                outs[name]["unsupported"].append(str(e))
+        except system.refusals as e:
+            outs[name]["refused"][op.name] = str(e)
+    if not ready:
+        return
+    rounds = plan.get("rounds", 1)
+    calls = -(-timed_calls(plan, shape.count * dtype.itemsize) // rounds)
+    block_times: dict[str, list[float]] = {name: [] for name in ready}
+    names = list(ready)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            system, call = systems[name], ready[name][0]
+            system.barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            system.sync()
+            block_times[name].append((time.perf_counter() - start) / calls)
+    for name, (_, record) in ready.items():
+        record["iters"] = calls * rounds
+        record["time_s"] = statistics.median(block_times[name])
+        if rounds > 1:
+            record["round_times_s"] = block_times[name]
+        outs[name]["records"].append(record)
+
+
+def ready_call(system, op, in_place, shape, plan, rank, size, bufs) -> tuple[Callable, dict]:
+    """`system`'s call of the op on `bufs`, checked (with -c), warmed up and past its trials
+    of algorithms, with the record that its timing completes."""
     dtype, root, device = ops.DTYPES[plan["dtype"]], plan["root"], system.device
-    inp, output = ops.buffers(op, in_place, shape, size, rank, dtype, device)
-    try:
-        call = system.bind(op.name, in_place, inp, output, root)
-    except Unsupported as e:
-        if str(e) not in out["unsupported"]:
-            out["unsupported"].append(str(e))
-        return None
+    inp, output = bufs
+    call = system.bind(op.name, in_place, inp, output, root)
     wrong = None
     if plan["check"]:
         inp.copy_(ops.pattern(rank, 0, inp.numel(), device))
@@ -95,24 +133,15 @@ def measure(system, op, in_place, shape, plan, rank, size, out) -> dict | None:
         call()
         trial_calls += 1
     system.sync()
-    system.barrier()
-    iters = timed_calls(plan, shape.count * dtype.itemsize)
-    start = time.perf_counter()
-    for _ in range(iters):
-        call()
-    system.sync()
-    elapsed = time.perf_counter() - start
     record = {
         "op": op.name,
         "bytes": shape.count * dtype.itemsize,
         "count": shape.count,
         "in_place": in_place,
-        "iters": iters,
-        "time_s": elapsed / iters,
         "wrong": wrong,
     }
     algorithm = system.algorithm(op.name, block_bytes, in_place)
     if algorithm:
         record["algorithm"] = algorithm
         record["trial_calls"] = trial_calls
-    return record
+    return call, record

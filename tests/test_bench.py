@@ -34,6 +34,8 @@ RECORD_FIELDS = {
     "busbw_GBps",
     "wrong",
     "time_us_runs",
+    "cpu_us",
+    "cpu_sys_us",
 }
 RATIO_FIELDS = {"op", "bytes", "in_place", "system", "peer", "ratio"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -98,6 +100,51 @@ def test_json_has_the_documented_fields(sweep):
         assert set(r) == RECORD_FIELDS | (chosen if says else set()), r
     assert report["ratios"] and all(set(q) == RATIO_FIELDS for q in report["ratios"])
     assert {(q["system"], q["peer"]) for q in report["ratios"]} == {("weft", "gloo")}
+
+
+def test_cpu_time_is_reported_with_the_kernels_part(sweep):
+    proc, files = sweep
+    for r in json.loads(files["json"].read_text())["results"]:
+        assert 0 < r["cpu_us"] and 0 <= r["cpu_sys_us"] <= r["cpu_us"], r
+    assert "all_reduce, in-place: CPU time per call over all ranks" in proc.stdout
+
+
+def test_cpu_time_fits_in_the_machines_cores(tmp_path):
+    """Every rank's CPU time per call, summed, is no more than the machine's cores could
+    give in the call's time (the mean over blocks against the median block, hence the
+    margin). Blocks of 100 calls: in blocks of 2 the clock reads alone add microseconds."""
+    out = tmp_path / "r.json"
+    bench(
+        *("-o", "all_reduce", "-b", "64", "-e", "64K", "-f", "32", "-n", "100", "-w", "5"),
+        *("--rounds", "2", f"--json={out}"),
+    )
+    cores = os.cpu_count()
+    for r in json.loads(out.read_text())["results"]:
+        assert 0 < r["cpu_us"] <= 1.5 * cores * r["time_us"], r
+
+
+def test_cpu_time_is_the_sum_over_ranks_and_the_mean_over_blocks():
+    from weft.bench.results import combine_ranks, finish
+
+    def rank(*blocks):
+        record = {
+            "op": "all_reduce",
+            "bytes": 8,
+            "count": 2,
+            "in_place": True,
+            "iters": 4,
+            "wrong": 0,
+            "time_s": 1.0,
+            "round_cpu_s": [list(b) for b in blocks],
+        }
+        return {"records": [record], "refused": {}, "unsupported": []}
+
+    # (all, the kernel's) per block
+    launch = combine_ranks([rank((1.0, 0.5), (3.0, 1.0)), rank((2.0, 0.0), (2.0, 0.5))])
+    assert launch["records"][0]["round_cpu_s"] == [[3.0, 0.5], [5.0, 1.5]]
+    plan = {"dtype": "float", "root": 0}
+    [record] = finish("weft", [launch], plan, 2)
+    assert record["cpu_us"] == pytest.approx(4e6) and record["cpu_sys_us"] == pytest.approx(1e6)
 
 
 def test_busbw_follows_nccl_tests(sweep):

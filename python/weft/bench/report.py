@@ -12,7 +12,8 @@ from weft.bench.sizes import human
 
 FORMAT = "weft-bench/1"
 CSV_FIELDS = (
-    "system op bytes count dtype redop root in_place time_us algbw_GBps busbw_GBps wrong".split()
+    "system op bytes count dtype redop root in_place time_us algbw_GBps busbw_GBps wrong "
+    "cpu_us cpu_sys_us".split()
 )
 LEAD = (10, 12, 8, 6, 6)  # size, count, type, redop, root: nccl-tests' widths
 FORM = (7, 6, 6, 6)  # time, algbw, busbw, #wrong
@@ -125,6 +126,36 @@ def comparison_block(op: str, records: list[dict], ratios: list[dict]) -> list[s
     return lines
 
 
+def cpu_block(op: str, records: list[dict]) -> list[str]:
+    """Every system's CPU time per call in the op's compared form: what the call cost the
+    machine over all ranks, and the kernel's share of it."""
+    in_place = OPS[op].compared_in_place
+    mine = [r for r in records if r["op"] == op and r["in_place"] == in_place and "cpu_us" in r]
+    systems = list(dict.fromkeys(r["system"] for r in mine))
+    if not systems:
+        return []
+    widths = [10] + [18] * len(systems)
+    form = "in-place" if in_place else "out-of-place"
+    lines = [
+        "#",
+        f"# {op}, {form}: CPU time per call over all ranks (us, user + system, waiting "
+        "included; in brackets the kernel's share)",
+        "#" + cols(["size", *systems], widths),
+    ]
+    at = {(r["system"], r["bytes"]): r for r in mine}
+    for nbytes in sorted({r["bytes"] for r in mine}):
+        cells = [cpu_cell(at.get((system, nbytes))) for system in systems]
+        lines.append(" " + cols([nbytes, *cells], widths))
+    return lines
+
+
+def cpu_cell(r: dict | None) -> str:
+    if r is None:
+        return "–"
+    share = r["cpu_sys_us"] / r["cpu_us"] if r["cpu_us"] > 0 else 0
+    return f"{fmt_time(r['cpu_us'])} ({share:.0%})"
+
+
 def table(report: dict) -> str:
     lines = header(report["config"])
     for s in report["systems"]:
@@ -139,6 +170,7 @@ def table(report: dict) -> str:
             elif op in s.get("refused", {}):
                 lines += ["#", f"# {s['name']}: {op}: not run: {s['refused'][op]}"]
         lines += comparison_block(op, records, report["ratios"])
+        lines += cpu_block(op, records)
     notes = [n for s in report["systems"] for n in s.get("unsupported", [])]
     if notes:
         lines += ["#", "# n/a (not offered by the system's API): " + "; ".join(notes)]

@@ -7,7 +7,11 @@ count recorded as "trial_calls"), then the timed calls (-n, more at small sizes 
 --iter-bytes, see timed_calls) in --rounds blocks: each block starts after the system's
 barrier and its clock stops once the block's last call is done. A rank's time per call in a
 block is the block's elapsed time / its calls (nccl-tests' mean); the caller takes the
-slowest rank's per block (results.py), and the median over the blocks.
+slowest rank's per block (results.py), and the median over the blocks. Each block also
+records the CPU time its rank's process spent per call, every thread, waiting included: what
+the calls cost the machine, which the caller sums over the ranks. The total is exact
+(CLOCK_PROCESS_CPUTIME_ID); the kernel's part of it comes from getrusage, which splits the
+time by the scheduler's ticks, so it means something only for blocks of many milliseconds.
 
 Several variants (weft's algorithms, in one launch) share the buffers of each (op, size,
 form) and take turns block by block, the order rotating each round: a burst of background
@@ -23,6 +27,7 @@ weft's time at 512 KiB).
 
 from __future__ import annotations
 
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -93,21 +98,27 @@ def measure(systems, op, in_place, shape, plan, rank, size, outs) -> None:
     rounds = plan.get("rounds", 1)
     calls = -(-timed_calls(plan, shape.count * dtype.itemsize) // rounds)
     block_times: dict[str, list[float]] = {name: [] for name in ready}
+    block_cpu: dict[str, list[list[float]]] = {name: [] for name in ready}
     names = list(ready)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             system, call = systems[name], ready[name][0]
             system.barrier()
-            start = time.perf_counter()
+            kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+            cpu, start = time.process_time(), time.perf_counter()
             for _ in range(calls):
                 call()
             system.sync()
-            block_times[name].append((time.perf_counter() - start) / calls)
+            end, cpu = time.perf_counter(), time.process_time() - cpu
+            kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime - kernel
+            block_times[name].append((end - start) / calls)
+            block_cpu[name].append([cpu / calls, min(kernel, cpu) / calls])
     for name, (_, record) in ready.items():
         record["iters"] = calls * rounds
         record["time_s"] = statistics.median(block_times[name])
         if rounds > 1:
             record["round_times_s"] = block_times[name]
+        record["round_cpu_s"] = block_cpu[name]
         outs[name]["records"].append(record)
 
 

@@ -130,7 +130,7 @@ def cpu_block(op: str, records: list[dict]) -> list[str]:
     """Every system's CPU time per call in the op's compared form: what the call cost the
     machine over all ranks, and the kernel's share of it."""
     in_place = OPS[op].compared_in_place
-    mine = [r for r in records if r["op"] == op and r["in_place"] == in_place and "cpu_us" in r]
+    mine = [r for r in records if r["op"] == op and r["in_place"] == in_place]
     systems = list(dict.fromkeys(r["system"] for r in mine))
     if not systems:
         return []
@@ -152,8 +152,7 @@ def cpu_block(op: str, records: list[dict]) -> list[str]:
 def cpu_cell(r: dict | None) -> str:
     if r is None:
         return "–"
-    share = r["cpu_sys_us"] / r["cpu_us"] if r["cpu_us"] > 0 else 0
-    return f"{fmt_time(r['cpu_us'])} ({share:.0%})"
+    return f"{fmt_time(r['cpu_us'])} ({r['cpu_sys_us'] / r['cpu_us']:.0%})"
 
 
 def table(report: dict) -> str:

@@ -3,8 +3,9 @@
 A launch's time per call at one (op, size, form) is its slowest rank's; with --rounds, the
 median over the rounds of each round's slowest rank, the rounds kept in `time_us_rounds`.
 #wrong is the sum over ranks. The CPU time per call (`cpu_us`, user and system, of which the
-kernel's part is `cpu_sys_us`; timing.py says how they are taken) is the sum over ranks, the
-mean over a launch's blocks, the median over launches. With --repeats, the reported time is
+kernel's part is `cpu_sys_us`; timing.py says how they are taken) is the sum over ranks and
+the mean over a launch's blocks; with --repeats, both figures come from the launch of median
+CPU time (the lower of the middle two for an even count). With --repeats, the reported time is
 the median over the launches, whose times are kept in `time_us_runs`, and where the system
 says which algorithm it ran (weft), each launch's in `algorithm_runs`, and the untimed calls
 it spent trying algorithms first in `trial_calls_runs`. Bandwidths as nccl-tests defines
@@ -32,11 +33,10 @@ def combine_ranks(per_rank: list[dict]) -> dict:
             slowest = [max(rounds) for rounds in zip(*(r["round_times_s"] for r in at_ranks))]
             record["round_times_s"] = slowest
             record["time_s"] = statistics.median(slowest)
-        if "round_cpu_s" in record:
-            per_block = zip(*(r["round_cpu_s"] for r in at_ranks))
-            record["round_cpu_s"] = [
-                [sum(c for c, _ in b), sum(k for _, k in b)] for b in per_block
-            ]
+        blocks = [r["round_cpu_s"] for r in at_ranks]
+        assert len({len(b) for b in blocks}) == 1, "the ranks timed different numbers of blocks"
+        # Per block, (all, the kernel's) summed over the ranks.
+        record["round_cpu_s"] = [[sum(x) for x in zip(*b)] for b in zip(*blocks)]
         wrongs = [r["wrong"] for r in at_ranks]
         record["wrong"] = None if None in wrongs else sum(wrongs)
         records.append(record)
@@ -74,10 +74,9 @@ def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
                 "time_us_runs": [sig(x * 1e6) for x in times],
             }
         )
-        if all("round_cpu_s" in r for r in same):
-            per_launch = [launch_cpu(r["round_cpu_s"]) for r in same]
-            out[-1]["cpu_us"] = sig(statistics.median(c for c, _ in per_launch) * 1e6)
-            out[-1]["cpu_sys_us"] = sig(statistics.median(k for _, k in per_launch) * 1e6)
+        cpu, kernel = statistics.median_low(launch_cpu(r["round_cpu_s"]) for r in same)
+        out[-1]["cpu_us"] = sig(cpu * 1e6)
+        out[-1]["cpu_sys_us"] = sig(kernel * 1e6)
         if any("round_times_s" in r for r in same):
             out[-1]["time_us_rounds"] = [[sig(x * 1e6) for x in r["round_times_s"]] for r in same]
         if any("algorithm" in r for r in same):
@@ -89,7 +88,8 @@ def finish(system: str, runs: list[dict], plan: dict, n: int) -> list[dict]:
 def launch_cpu(blocks: list[list[float]]) -> tuple[float, float]:
     """(all, the kernel's) CPU seconds per call of one launch: the mean over its blocks,
     which hold equally many calls."""
-    return (statistics.fmean(c for c, _ in blocks), statistics.fmean(k for _, k in blocks))
+    cpu, kernel = zip(*blocks)
+    return statistics.fmean(cpu), statistics.fmean(kernel)
 
 
 def ratios(records: list[dict], weft_systems: list[str], peers: list[str]) -> list[dict]:

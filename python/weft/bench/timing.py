@@ -9,9 +9,11 @@ barrier and its clock stops once the block's last call is done. A rank's time pe
 block is the block's elapsed time / its calls (nccl-tests' mean); the caller takes the
 slowest rank's per block (results.py), and the median over the blocks. Each block also
 records the CPU time its rank's process spent per call, every thread, waiting included: what
-the calls cost the machine, which the caller sums over the ranks. The total is exact
-(CLOCK_PROCESS_CPUTIME_ID); the kernel's part of it comes from getrusage, which splits the
-time by the scheduler's ticks, so it means something only for blocks of many milliseconds.
+the calls cost the machine's CPUs, which the caller sums over the ranks. The total comes from
+CLOCK_PROCESS_CPUTIME_ID: exact for the calling thread, while the process's other threads
+(gloo's, weft's worker) count up to their last scheduler tick or switch. The kernel's part
+comes from getrusage, which splits the time by ticks (and is held to the total). Both mean
+something for blocks much longer than a tick (1-4 ms), not for blocks of microseconds.
 
 Several variants (weft's algorithms, in one launch) share the buffers of each (op, size,
 form) and take turns block by block, the order rotating each round: a burst of background
@@ -104,13 +106,13 @@ def measure(systems, op, in_place, shape, plan, rank, size, outs) -> None:
         for name in names[r % len(names) :] + names[: r % len(names)]:
             system, call = systems[name], ready[name][0]
             system.barrier()
-            kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime
-            cpu, start = time.process_time(), time.perf_counter()
+            kernel0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+            cpu0, start = time.process_time(), time.perf_counter()
             for _ in range(calls):
                 call()
             system.sync()
-            end, cpu = time.perf_counter(), time.process_time() - cpu
-            kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime - kernel
+            end, cpu = time.perf_counter(), time.process_time() - cpu0
+            kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime - kernel0
             block_times[name].append((end - start) / calls)
             block_cpu[name].append([cpu / calls, min(kernel, cpu) / calls])
     for name, (_, record) in ready.items():

@@ -99,16 +99,22 @@ def fmt_num(x: float) -> str:
     return f"{x:.2f}" if x >= 0.1 else f"{x:.3g}"
 
 
-def comparison_block(op: str, records: list[dict], ratios: list[dict]) -> list[str]:
-    """Every system's busbw per size in the op's compared form, and the ratios weft/peer."""
+def compared_form(op: str, records: list[dict]) -> tuple[str, list[dict], list[str]]:
+    """The form every peer offers for `op` (its name), the records of `op` in it, and the
+    systems they come from in order of appearance."""
     in_place = OPS[op].compared_in_place
     mine = [r for r in records if r["op"] == op and r["in_place"] == in_place]
     systems = list(dict.fromkeys(r["system"] for r in mine))
+    return ("in-place" if in_place else "out-of-place"), mine, systems
+
+
+def comparison_block(op: str, records: list[dict], ratios: list[dict]) -> list[str]:
+    """Every system's busbw per size in the op's compared form, and the ratios weft/peer."""
+    form, mine, systems = compared_form(op, records)
     if len(systems) < 2:
         return []
     pairs = list(dict.fromkeys((q["system"], q["peer"]) for q in ratios if q["op"] == op))
     widths = [10] + [12] * len(systems) + [16] * len(pairs)
-    form = "in-place" if in_place else "out-of-place"
     lines = [
         "#",
         f"# {op}, {form}: busbw (GB/s) side by side, and weft/peer (busbw ratio, > 1: weft "
@@ -129,13 +135,10 @@ def comparison_block(op: str, records: list[dict], ratios: list[dict]) -> list[s
 def cpu_block(op: str, records: list[dict]) -> list[str]:
     """Every system's CPU time per call in the op's compared form: what the call cost the
     machine over all ranks, and the kernel's share of it."""
-    in_place = OPS[op].compared_in_place
-    mine = [r for r in records if r["op"] == op and r["in_place"] == in_place]
-    systems = list(dict.fromkeys(r["system"] for r in mine))
+    form, mine, systems = compared_form(op, records)
     if not systems:
         return []
     widths = [10] + [18] * len(systems)
-    form = "in-place" if in_place else "out-of-place"
     lines = [
         "#",
         f"# {op}, {form}: CPU time per call over all ranks (us, user + system, waiting "

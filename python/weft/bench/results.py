@@ -4,12 +4,12 @@ A launch's time per call at one (op, size, form) is its slowest rank's; with --r
 median over the rounds of each round's slowest rank, the rounds kept in `time_us_rounds`.
 #wrong is the sum over ranks. The CPU time per call (`cpu_us`, user and system, of which the
 kernel's part is `cpu_sys_us`; timing.py says how they are taken) is the sum over ranks and
-the mean over a launch's blocks; with --repeats, both figures come from the launch of median
-CPU time (the lower of the middle two for an even count). With --repeats, the reported time is
-the median over the launches, whose times are kept in `time_us_runs`, and where the system
-says which algorithm it ran (weft), each launch's in `algorithm_runs`, and the untimed calls
-it spent trying algorithms first in `trial_calls_runs`. Bandwidths as nccl-tests defines
-them, GB = 1e9 bytes: algbw = bytes / time, busbw = algbw x the op's factor
+the mean over a launch's blocks; with several launches, both figures come from the launch of
+median CPU time (the lower of the middle two for an even count). With --repeats, the reported
+time is the median over the launches, whose times are kept in `time_us_runs`, and where the
+system says which algorithm it ran (weft), each launch's in `algorithm_runs`, and the untimed
+calls it spent trying algorithms first in `trial_calls_runs`. Bandwidths as nccl-tests
+defines them, GB = 1e9 bytes: algbw = bytes / time, busbw = algbw x the op's factor
 (ops.Op.bus_factor).
 """
 

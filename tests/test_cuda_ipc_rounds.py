@@ -1,4 +1,4 @@
-"""cuda_ipc's round and slice arithmetic (csrc/core/transport/cuda_ipc/chunks.h), on the CPU.
+"""cuda_ipc's round and slice arithmetic (csrc/core/device/cuda_ipc/chunks.h), on the CPU.
 
 chunks.h is plain C++: a small program includes it, checks every property the collectives rely
 on over a grid of counts, ranks and sizes, and prints what fails. Needs a C++17 compiler
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROGRAM = r"""
 #include <cstdio>
-#include "core/transport/cuda_ipc/chunks.h"
+#include "core/device/cuda_ipc/chunks.h"
 using namespace weft::cuda_ipc;
 int main() {
   int bad = 0;

@@ -1,5 +1,5 @@
 """CUDA tensors through torch.distributed over weft's cuda_ipc transport
-(csrc/core/transport/cuda_ipc/), world sizes 1 to 4 all on GPU 0: several ranks per GPU, which
+(csrc/core/device/cuda_ipc/), world sizes 1 to 4 all on GPU 0: several ranks per GPU, which
 NCCL refuses.
 
 The data-path cases of test_backend.py (every dtype and op; counts 0, 1, 7, the primes 1031 and

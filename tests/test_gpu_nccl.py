@@ -1,5 +1,5 @@
 """CUDA tensors through torch.distributed over weft's nccl transport
-(csrc/core/transport/nccl/): NCCL's native collectives (WEFT_CUDA_PATH=nccl) and weft's Plans
+(csrc/core/device/nccl/): NCCL's native collectives (WEFT_CUDA_PATH=nccl) and weft's Plans
 over ncclSend/ncclRecv (WEFT_NCCL_MODE=plans, 4 KiB steps so that operations take several
 rounds). Rank r runs on GPU r, as NCCL requires: world size 1 runs on one GPU, larger worlds
 skip with "needs N GPUs" where there are fewer.

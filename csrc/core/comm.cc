@@ -57,7 +57,7 @@ void check_apart(const char* what, const void* in, size_t in_bytes, const void* 
   throw InvalidArgument(std::string(what) + ": the input and output buffers overlap" +
                         (in_place_at ? " but not in the in-place layout" : "") +
                         "; pass buffers that do not share memory" +
-                        (in_place_at ? " (or the in-place form: see the README)" : ""));
+                        (in_place_at ? " (or the in-place form: see docs/core-api.md)" : ""));
 }
 
 }  // namespace
@@ -216,7 +216,7 @@ double most_ranks_per_cpu(const Mesh& mesh) {
 // tcp data in flight (slots x slot bytes on each connection) then outgrows
 // the cache: with 8 ranks on 2 CPUs, 256 KiB x 2 ran the ring allreduce of
 // 32-256 MiB 10-20 % faster and broadcasts no slower than 1 MiB x 4; with 2 or
-// 4 ranks the smaller geometry was no better (README, "Algorithms and the tuner").
+// 4 ranks the smaller geometry was no better (docs/algorithms.md).
 constexpr double kCrowdedRanksPerCpu = 2;
 constexpr size_t kCrowdedTcpSlotBytes = 256 << 10;
 constexpr int kCrowdedTcpSlots = 2;

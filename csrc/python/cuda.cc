@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/device/nccl/nccl.h"
 #include "core/reduce/cuda_reduce.h"
-#include "core/transport/nccl/nccl.h"
 
 namespace py = pybind11;
 

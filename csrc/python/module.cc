@@ -498,8 +498,8 @@ PYBIND11_MODULE(_C, m) {
            py::kw_only(), py::arg("in_place") = false,
            "Whether the next calls of `collective` on `nbytes` per rank, in place or not, are "
            "trials of algorithm families (the first calls in each power-of-two range of sizes, "
-           "where the tuner chooses; in-place calls have trials of their own; see README, "
-           "'Algorithms and the tuner').")
+           "where the tuner chooses; in-place calls have trials of their own; see "
+           "docs/algorithms.md).")
       .def("abort", &PyCommunicator::abort, py::arg("reason") = "abort() called",
            "Fails every pending and later operation here and on the peers.");
   for (auto def : {def_fast<kAllreduce>, def_fast<kReduceScatter>, def_fast<kAllgather>,

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/comm.h"
-#include "core/transport/device_collectives.h"
+#include "core/device/device_collectives.h"
 #include "cuda_staging.h"
 #include "store_adapter.h"
 

@@ -1,4 +1,4 @@
-// CUDA tensors in the backend, until weft has transports for GPU buffers:
+// CUDA tensors that neither GPU path (core/device/: nccl, cuda_ipc) serves:
 // each CUDA tensor of an operation gets a pinned host twin, the operation
 // runs on the twins over shm/tcp like any CPU operation, and the outputs are
 // copied back. Stream semantics are ProcessGroupNCCL's:

@@ -6,8 +6,8 @@
 #include "backend.h"
 #include "core/common/config.h"
 #include "core/common/log.h"
-#include "core/transport/cuda_ipc/cuda_ipc.h"
-#include "core/transport/nccl/nccl.h"
+#include "core/device/cuda_ipc/cuda_ipc.h"
+#include "core/device/nccl/nccl.h"
 #include "errors.h"
 
 namespace weft::backend {

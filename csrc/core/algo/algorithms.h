@@ -15,8 +15,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/algo/families.h"
 #include "core/algo/plan.h"
-#include "core/tune/cost_model.h"
 
 namespace weft::algo {
 

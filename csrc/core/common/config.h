@@ -1,5 +1,5 @@
 // Settings read once from WEFT_* environment variables. Every variable is
-// documented in the README; nothing else in the core calls getenv.
+// documented in docs/environment.md; nothing else in the core calls getenv.
 #pragma once
 
 #include <cstddef>

@@ -13,9 +13,6 @@
 namespace weft {
 namespace {
 
-constexpr Algorithm kAll[] = {Algorithm::Ring, Algorithm::Tree,    Algorithm::Rd,   Algorithm::Rhd,
-                              Algorithm::Hier, Algorithm::Oneshot, Algorithm::Chain};
-
 int log2_floor(int n) {
   int k = 0;
   while ((2 << k) <= n) ++k;
@@ -111,54 +108,9 @@ CostModel load_cost_model(const std::string& path) {
   return m;
 }
 
-const char* to_string(Algorithm a) {
-  switch (a) {
-    case Algorithm::Auto: return "auto";
-    case Algorithm::Ring: return "ring";
-    case Algorithm::Tree: return "tree";
-    case Algorithm::Rd: return "rd";
-    case Algorithm::Rhd: return "rhd";
-    case Algorithm::Hier: return "hier";
-    case Algorithm::Oneshot: return "oneshot";
-    case Algorithm::Chain: return "chain";
-  }
-  return "?";
-}
-
-const char* to_string(Collective c) {
-  switch (c) {
-    case Collective::Allreduce: return "allreduce";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::Allgather: return "allgather";
-    case Collective::Broadcast: return "broadcast";
-    case Collective::Reduce: return "reduce";
-    case Collective::Barrier: return "barrier";
-  }
-  return "?";
-}
-
-Algorithm parse_algorithm(const std::string& name) {
-  if (name == "auto") return Algorithm::Auto;
-  for (Algorithm a : kAll) {
-    if (name == to_string(a)) return a;
-  }
-  throw InvalidArgument("unknown algorithm '" + name +
-                        "': use auto, ring, tree, rd, rhd, hier, oneshot or chain");
-}
-
-Collective parse_collective(const std::string& name) {
-  for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather,
-                       Collective::Broadcast, Collective::Reduce, Collective::Barrier}) {
-    if (name == to_string(c)) return c;
-  }
-  throw InvalidArgument(
-      "unknown collective '" + name +
-      "': use allreduce, reduce_scatter, allgather, broadcast, reduce or barrier");
-}
-
 std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo) {
   std::vector<Algorithm> out;
-  for (Algorithm a : kAll) {
+  for (Algorithm a : kAllFamilies) {
     if (has_form(a, c, topo)) out.push_back(a);
   }
   return out;

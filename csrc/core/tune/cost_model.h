@@ -10,13 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "core/algo/families.h"
+
 namespace weft {
-
-// Barrier has a single algorithm and no cost.
-enum class Collective : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, Barrier };
-
-// Algorithm families. Not every family has a form for every collective.
-enum class Algorithm { Auto, Ring, Tree, Rd, Rhd, Hier, Oneshot, Chain };
 
 struct LinkCost {
   double alpha_s = 0;       // seconds per message (latency)
@@ -71,14 +67,6 @@ struct Topology {
   // in slices of this size. 256 KiB is the default shared-memory slot.
   size_t slice_bytes = 256 << 10;
 };
-
-const char* to_string(Algorithm a);
-const char* to_string(Collective c);
-// "auto", "ring", "tree", "rd", "rhd", "hier", "oneshot", "chain"; throws
-// InvalidArgument naming the choices.
-Algorithm parse_algorithm(const std::string& name);
-// "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "barrier".
-Collective parse_collective(const std::string& name);
 
 // The families that implement `c` on `topo` (hier needs several hosts with
 // equal rank counts).

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "core/common/error.h"
+#include "core/device/nccl/nccl_comm.h"
 #include "core/reduce/cuda_reduce.h"
-#include "core/transport/nccl/nccl_comm.h"
 
 namespace weft::nccl {
 namespace {

@@ -1,6 +1,6 @@
 // nccl.h's entry points, built in every build: without NCCL (or CUDA) they
 // say so; with it they check the world and open the NCCL-only parts.
-#include "core/transport/nccl/nccl.h"
+#include "core/device/nccl/nccl.h"
 
 #include <cstring>
 #include <vector>
@@ -10,7 +10,7 @@
 
 #ifdef WEFT_HAVE_NCCL
 #include "core/common/cuda_check.h"
-#include "core/transport/nccl/nccl_comm.h"
+#include "core/device/nccl/nccl_comm.h"
 #endif
 
 namespace weft::nccl {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/common/cuda_check.h"
-#include "core/transport/device_collectives.h"
+#include "core/device/device_collectives.h"
 
 namespace weft {
 

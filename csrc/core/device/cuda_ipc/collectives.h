@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "core/transport/cuda_ipc/cuda_ipc.h"
+#include "core/device/cuda_ipc/cuda_ipc.h"
 
 namespace weft::cuda_ipc {
 

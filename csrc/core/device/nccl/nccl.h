@@ -20,7 +20,7 @@
 #include <string>
 
 #include "core/common/config.h"
-#include "core/transport/device_collectives.h"
+#include "core/device/device_collectives.h"
 
 namespace weft {
 

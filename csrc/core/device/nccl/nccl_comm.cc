@@ -1,4 +1,4 @@
-#include "core/transport/nccl/nccl_comm.h"
+#include "core/device/nccl/nccl_comm.h"
 
 #include <chrono>
 #include <cstring>

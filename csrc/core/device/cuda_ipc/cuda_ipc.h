@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "core/transport/device_collectives.h"
+#include "core/device/device_collectives.h"
 
 namespace weft {
 

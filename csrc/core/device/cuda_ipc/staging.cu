@@ -6,7 +6,7 @@
 #include "core/comm.h"
 #include "core/common/cuda_check.h"
 #include "core/common/log.h"
-#include "core/transport/cuda_ipc/staging.h"
+#include "core/device/cuda_ipc/staging.h"
 
 namespace weft::cuda_ipc {
 namespace {

@@ -20,10 +20,10 @@
 #include "core/common/config.h"
 #include "core/common/cuda_check.h"
 #include "core/common/log.h"
+#include "core/device/cuda_ipc/chunks.h"
+#include "core/device/cuda_ipc/collectives.h"
+#include "core/device/cuda_ipc/staging.h"
 #include "core/reduce/cuda_reduce.h"
-#include "core/transport/cuda_ipc/chunks.h"
-#include "core/transport/cuda_ipc/collectives.h"
-#include "core/transport/cuda_ipc/staging.h"
 
 namespace weft::cuda_ipc {
 namespace {

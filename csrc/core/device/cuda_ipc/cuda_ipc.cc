@@ -1,9 +1,9 @@
-#include "core/transport/cuda_ipc/cuda_ipc.h"
+#include "core/device/cuda_ipc/cuda_ipc.h"
 
 #include "core/comm.h"
 #include "core/common/error.h"
+#include "core/device/cuda_ipc/collectives.h"
 #include "core/reduce/cuda_reduce.h"
-#include "core/transport/cuda_ipc/collectives.h"
 
 namespace weft::cuda_ipc {
 

@@ -14,9 +14,9 @@
 #include "core/common/cuda_check.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
+#include "core/device/nccl/nccl_comm.h"
 #include "core/exec/group_schedule.h"
 #include "core/reduce/cuda_reduce.h"
-#include "core/transport/nccl/nccl_comm.h"
 
 namespace weft::nccl {
 namespace {

@@ -1,5 +1,5 @@
 """weft-bench: quick sweeps through the command line (python -m weft.bench), checking the
-table, the JSON fields the README documents, the CSV, the PNG, skipped peers and --algo."""
+table, the JSON fields docs/benchmark.md documents, the CSV, the PNG, skipped peers and --algo."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all"]
 QUICK = ["-b", "64", "-e", "4K", "-f", "64", "-n", "2", "-w", "1"]
-# The JSON fields documented in the README.
+# The JSON fields documented in docs/benchmark.md.
 TOP_FIELDS = {"format", "command", "machine", "config", "systems", "results", "ratios"}
 SYSTEM_FIELDS = {"name", "kind", "env", "status", "reason"}
 RECORD_FIELDS = {

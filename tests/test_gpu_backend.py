@@ -29,7 +29,7 @@ pytestmark = [
 
 WORLDS = [pytest.param(n, "cuda-staging", id=f"ws{n}") for n in (2, 3, 4)]
 # DDP trains on tensors the case creates itself: its CUDA form is case_ddp_on_cuda. Sparse
-# CUDA tensors are refused (README).
+# CUDA tensors are refused (docs/backend.md).
 CASES = [name for name in test_backend.CASES if name not in ("ddp", "sparse")]
 
 

@@ -1,7 +1,7 @@
 """weft-bench: bandwidth of weft's collectives, side by side with gloo, MPI and NCCL.
 
 Flags as in nccl-tests. Without a launcher it starts --np local ranks per system itself;
-under torchrun, srun or mpirun it uses their ranks. See the README's "Benchmark" section.
+under torchrun, srun or mpirun it uses their ranks. See docs/benchmark.md.
 """
 
 from __future__ import annotations

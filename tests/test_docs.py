@@ -32,7 +32,7 @@ def test_readme_is_short():
 def test_docs_pages_exist():
     names = {p.name for p in DOCS}
     expected = {"backend.md", "core-api.md", "ddp.md", "benchmark.md", "performance.md"}
-    expected |= {"algorithms.md", "gpu.md", "environment.md", "design.md"}
+    expected |= {"algorithms.md", "gpu.md", "environment.md", "design.md", "topo.md"}
     assert expected <= names, f"missing: {sorted(expected - names)}"
 
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "core/algo/algorithms.h"
 #include "core/common/error.h"
 #include "core/exec/group_schedule.h"
+#include "plan_export.h"
 
 namespace py = pybind11;
 
@@ -37,17 +37,9 @@ void bind_schedule(py::module_& m) {
          size_t count, size_t elem_size, int root, bool in_place, bool finalize,
          std::optional<size_t> input_in_output, size_t max_step_bytes, std::vector<int> hosts,
          int max_inputs, std::vector<int> shared_cpu) {
-        if (hosts.empty()) hosts.assign(size, 0);
-        const size_t ranks = static_cast<size_t>(size);
-        if (hosts.size() != ranks || (!shared_cpu.empty() && shared_cpu.size() != ranks)) {
-          throw InvalidArgument("group_schedule: hosts (" + std::to_string(hosts.size()) +
-                                " entries) and shared_cpu (" + std::to_string(shared_cpu.size()) +
-                                ") need one entry per rank of " + std::to_string(size) +
-                                "; shared_cpu may be empty");
-        }
-        const PlanContext ctx{rank, size, elem_size, max_step_bytes, hosts, false, shared_cpu};
-        const Plan plan = algo::plan_for(parse_collective(collective), parse_algorithm(algorithm),
-                                         ctx, count, root, in_place, finalize);
+        const Plan plan =
+            build_plan({collective, algorithm, rank, size, count, elem_size, root, in_place,
+                        finalize, max_step_bytes, std::move(hosts), std::move(shared_cpu), false});
         const group::Schedule s = group::schedule(plan, elem_size, input_in_output, max_inputs);
         py::list actions;
         for (const group::Action& a : s.actions) {

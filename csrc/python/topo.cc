@@ -9,6 +9,7 @@
 #include "core/common/error.h"
 #include "core/tune/cost_model.h"
 #include "core/tune/family_probe.h"
+#include "plan_export.h"
 
 namespace py = pybind11;
 
@@ -20,7 +21,9 @@ using MeasuredPoint = std::tuple<std::string, std::string, size_t, double>;
 }  // namespace
 
 void bind_topo(py::module_& parent) {
-  py::module_ m = parent.def_submodule("topo", "The alpha-beta-gamma cost model of the tuner.");
+  py::module_ m = parent.def_submodule(
+      "topo", "The alpha-beta-gamma cost model of the tuner, and the built-in Plans as data.");
+  bind_plan_export(m);
 
   py::class_<LinkCost>(m, "LinkCost", "Cost of one message: alpha + bytes * beta seconds.")
       .def(py::init(

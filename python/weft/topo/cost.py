@@ -11,7 +11,7 @@ timed Plans in ``.measured`` (which ``choose`` believes over the link figures at
 ``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads.
 """
 
-from weft._C.topo import (  # noqa: F401
+from weft._C.topo import (
     MEASURED_BYTES,
     CostModel,
     LinkCost,

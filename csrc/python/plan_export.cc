@@ -1,0 +1,118 @@
+#include "plan_export.h"
+
+#include <pybind11/stl.h>
+
+#include "core/algo/algorithms.h"
+#include "core/common/error.h"
+
+namespace py = pybind11;
+
+namespace weft::python {
+namespace {
+
+const char* buf_name(Buf b) {
+  switch (b) {
+    case Buf::Input: return "input";
+    case Buf::Output: return "output";
+    case Buf::Scratch: return "scratch";
+  }
+  return "?";
+}
+
+const char* kind_name(Step::Kind k) {
+  switch (k) {
+    case Step::Kind::Fused: return "fused";
+    case Step::Kind::Exchange: return "exchange";
+    case Step::Kind::LocalReduce: return "local_reduce";
+  }
+  return "?";
+}
+
+py::object span(const std::optional<Span>& s) {
+  if (!s) return py::none();
+  return py::make_tuple(buf_name(s->buf), s->offset, s->count);
+}
+
+py::object peer(int p) {
+  if (p < 0) return py::none();
+  return py::int_(p);
+}
+
+py::dict export_plan(const Plan& plan) {
+  py::list steps;
+  for (const Step& s : plan.steps) {
+    py::dict d;
+    d["kind"] = kind_name(s.kind);
+    d["recv"] = peer(s.recv_peer);
+    d["send"] = peer(s.send_peer);
+    d["local"] = span(s.local);
+    d["dst"] = span(s.dst);
+    d["operand"] = span(s.operand);
+    d["count"] = s.count;
+    d["finalize"] = s.finalize;
+    d["wait_sends"] = s.wait_sends;
+    d["copy_sends"] = s.copy_sends;
+    steps.append(d);
+  }
+  py::dict out;
+  out["algorithm"] = plan.algorithm;
+  out["scratch"] = plan.scratch_count;
+  out["steps"] = steps;
+  return out;
+}
+
+}  // namespace
+
+Plan build_plan(const PlanRequest& q) {
+  const size_t ranks = static_cast<size_t>(q.size);
+  if (q.size < 1 || q.rank < 0 || q.rank >= q.size || q.root < 0 || q.root >= q.size) {
+    throw InvalidArgument("plan: rank " + std::to_string(q.rank) + " and root " +
+                          std::to_string(q.root) + " must lie in a world of " +
+                          std::to_string(q.size) + " ranks (size >= 1)");
+  }
+  std::vector<int> hosts = q.hosts.empty() ? std::vector<int>(ranks, 0) : q.hosts;
+  if (hosts.size() != ranks || (!q.shared_cpu.empty() && q.shared_cpu.size() != ranks)) {
+    throw InvalidArgument("plan: hosts (" + std::to_string(hosts.size()) + " entries) and " +
+                          "shared_cpu (" + std::to_string(q.shared_cpu.size()) +
+                          ") need one entry per rank of " + std::to_string(q.size) +
+                          "; either may be empty");
+  }
+  if (q.elem_size == 0 || q.max_step_bytes == 0) {
+    throw InvalidArgument("plan: elem_size and max_step_bytes must be positive");
+  }
+  const PlanContext ctx{q.rank,           q.size,           q.elem_size, q.max_step_bytes,
+                        std::move(hosts), q.buffered_sends, q.shared_cpu};
+  if (q.collective == "alltoall") {
+    const std::vector<size_t> counts(ranks, q.count);
+    return algo::pairwise_alltoall(ctx, counts, counts);
+  }
+  if (q.collective == "gather") return algo::direct_gather(ctx, q.count, q.root);
+  if (q.collective == "scatter") return algo::direct_scatter(ctx, q.count, q.root);
+  return algo::plan_for(parse_collective(q.collective), parse_algorithm(q.algorithm), ctx, q.count,
+                        q.root, q.in_place, q.finalize);
+}
+
+void bind_plan_export(py::module_& topo) {
+  topo.def(
+      "plan",
+      [](const std::string& collective, const std::string& algorithm, int rank, int size,
+         size_t count, size_t elem_size, int root, bool in_place, bool finalize,
+         size_t max_step_bytes, std::vector<int> hosts, std::vector<int> shared_cpu,
+         bool buffered_sends) {
+        return export_plan(build_plan({collective, algorithm, rank, size, count, elem_size, root,
+                                       in_place, finalize, max_step_bytes, std::move(hosts),
+                                       std::move(shared_cpu), buffered_sends}));
+      },
+      py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
+      py::arg("count"), py::kw_only(), py::arg("elem_size") = 4, py::arg("root") = 0,
+      py::arg("in_place") = false, py::arg("finalize") = false, py::arg("max_step_bytes") = 1 << 20,
+      py::arg("hosts") = std::vector<int>{}, py::arg("shared_cpu") = std::vector<int>{},
+      py::arg("buffered_sends") = true,
+      "Rank `rank`'s Plan of `collective` (allreduce, reduce_scatter, allgather, broadcast, "
+      "reduce, barrier; alltoall, gather, scatter in the direct family) in family `algorithm`, "
+      "as the executor runs it: dict(algorithm, scratch, steps), each step a dict(kind, recv, "
+      "send, local, dst, operand, count, finalize, wait_sends, copy_sends), spans as "
+      "(buffer, offset, count) in elements.");
+}
+
+}  // namespace weft::python

@@ -1,0 +1,63 @@
+"""weft.topo: collective algorithms as data, and what they cost.
+
+>>> from weft import topo
+>>> ring = topo.builtin("allreduce", "ring", 5, count=7)   # every rank's Plan, as data
+>>> topo.check(ring).ok                                    # right result, no deadlock
+True
+>>> world = topo.Topology(size=1024, hosts=128)
+>>> topo.choose("allreduce", 64 << 20, world)            # (algorithm, predicted seconds)
+
+- ``Algorithm`` (algorithm.py): a collective written out as every rank's channels of steps;
+  ``algo.save(path)``, ``topo.load(path)``.
+- ``builtin`` (builtin.py): any built-in family's Plans as an Algorithm.
+- ``check`` (check.py): symbolic execution of an Algorithm: contributions, placement, bounds,
+  finite buffering, deadlocks.
+- The tuner's cost model (cost.py): ``Topology``, ``CostModel``, ``predict``, ``choose``, ...
+"""
+
+from weft.topo.algorithm import (
+    Algorithm,
+    AlgorithmError,
+    Channel,
+    RankProgram,
+    Span,
+    Step,
+    load,
+)
+from weft.topo.builtin import FAMILIES, builtin
+from weft.topo.check import Problem, Report, check
+from weft.topo.cost import (
+    MEASURED_BYTES,
+    CostModel,
+    LinkCost,
+    Topology,
+    algorithms_for,
+    choose,
+    load_cost_model,
+    predict,
+    save_cost_model,
+)
+
+__all__ = [
+    "FAMILIES",
+    "MEASURED_BYTES",
+    "Algorithm",
+    "AlgorithmError",
+    "Channel",
+    "CostModel",
+    "LinkCost",
+    "Problem",
+    "RankProgram",
+    "Report",
+    "Span",
+    "Step",
+    "Topology",
+    "algorithms_for",
+    "builtin",
+    "check",
+    "choose",
+    "load",
+    "load_cost_model",
+    "predict",
+    "save_cost_model",
+]

@@ -1,0 +1,141 @@
+"""Every built-in algorithm's Plan as an Algorithm, so that it can be read, saved and checked.
+
+>>> from weft import topo
+>>> ring = topo.builtin("allreduce", "ring", 5, count=7)
+>>> topo.check(ring).ok
+True
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from weft._C.topo import Topology, algorithms_for
+from weft._C.topo import plan as _plan
+from weft.topo.algorithm import Algorithm, Channel, RankProgram, Span, Step
+
+# The families of each collective (weft.algorithms() says which apply to a given world).
+FAMILIES = {
+    "allreduce": ("ring", "tree", "rd", "rhd", "hier", "oneshot"),
+    "reduce_scatter": ("ring", "rhd"),
+    "allgather": ("ring", "rhd"),
+    "broadcast": ("chain", "tree"),
+    "reduce": ("chain", "tree"),
+    "alltoall": ("pairwise",),
+    "gather": ("direct",),
+    "scatter": ("direct",),
+    "barrier": ("barrier",),
+}
+
+
+# The collectives whose families depend on the world (the others have one Plan each).
+TUNED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+
+def world_of(layout: list[int]) -> Topology:
+    """The cost model's view of a host layout: hosts, and ranks per host where all are equal."""
+    per_host = set(Counter(layout).values())
+    return Topology(
+        size=len(layout),
+        hosts=len(set(layout)),
+        ranks_per_host=per_host.pop() if len(per_host) == 1 else 0,
+        ranks_by_host=layout == sorted(layout),
+    )
+
+
+def host_layout(ranks: int, hosts) -> list[int]:
+    """A host index per rank: ``hosts`` as a list, or a count of hosts holding equal blocks of
+    consecutive ranks (as launchers number them)."""
+    if hosts is None:
+        return [0] * ranks
+    if isinstance(hosts, int):
+        if hosts < 1 or ranks % hosts:
+            raise ValueError(f"{ranks} ranks do not split evenly over {hosts} hosts")
+        return [r // (ranks // hosts) for r in range(ranks)]
+    layout = list(hosts)
+    if len(layout) != ranks:
+        raise ValueError(f"hosts has {len(layout)} entries for {ranks} ranks")
+    return layout
+
+
+def builtin(
+    collective: str,
+    family: str,
+    ranks: int,
+    *,
+    count: int = 7,
+    root: int = 0,
+    in_place: bool = False,
+    avg: bool = False,
+    hosts=None,
+    elem_size: int = 4,
+    slot_bytes: int = 256 << 10,
+    slots: int = 8,
+    shared_cpu: list[int] | None = None,
+) -> Algorithm:
+    """The Plans every rank's executor would run for ``collective`` in ``family`` on ``ranks``
+    ranks, for calls of ``count`` elements, planned for connections of ``slots`` slots of
+    ``slot_bytes`` (steps then push at most half of that, as communicators plan)."""
+    if collective not in FAMILIES:
+        raise ValueError(f"unknown collective {collective!r}: use one of {', '.join(FAMILIES)}")
+    if family not in FAMILIES[collective]:
+        raise ValueError(
+            f"{collective} has no family {family!r}: use one of {', '.join(FAMILIES[collective])}"
+        )
+    layout = host_layout(ranks, hosts)
+    if collective in TUNED and family not in algorithms_for(collective, world_of(layout)):
+        raise ValueError(
+            f"{collective} has no {family} form on {ranks} ranks over {len(set(layout))} host(s): "
+            f"use one of {', '.join(algorithms_for(collective, world_of(layout)))}"
+        )
+    programs = []
+    name = family
+    for rank in range(ranks):
+        plan = _plan(
+            collective,
+            "auto" if collective not in TUNED else family,
+            rank,
+            ranks,
+            count,
+            elem_size=elem_size,
+            root=root,
+            in_place=in_place,
+            finalize=avg,
+            max_step_bytes=max(elem_size, slot_bytes * slots // 2),
+            hosts=layout,
+            shared_cpu=shared_cpu or [],
+        )
+        name = plan["algorithm"]
+        steps = [_step(s) for s in plan["steps"]]
+        programs.append(RankProgram([Channel(steps)], plan["scratch"]))
+    return Algorithm(
+        name=name,
+        collective=collective,
+        ranks=ranks,
+        count=count,
+        programs=programs,
+        root=root,
+        in_place=in_place,
+        avg=avg,
+        elem_size=elem_size,
+        slot_bytes=slot_bytes,
+        slots=slots,
+    )
+
+
+def _step(s: dict) -> Step:
+    def span(value):
+        return None if value is None else Span(*value)
+
+    return Step(
+        kind=s["kind"],
+        recv=s["recv"],
+        send=s["send"],
+        local=span(s["local"]),
+        dst=span(s["dst"]),
+        operand=span(s["operand"]),
+        count=s["count"],
+        finalize=s["finalize"],
+        wait_sends=s["wait_sends"],
+        copy_sends=s["copy_sends"],
+    )

@@ -1,0 +1,593 @@
+"""Checks an Algorithm by running every rank's steps symbolically, as the CPU executor would.
+
+Each element holds the set of (rank, element) inputs reduced into it, so a result that misses a
+contribution, holds one twice, holds the wrong rank's data or lands in the wrong place is caught
+at the element where it happens. Messages travel through connections that hold ``slots``
+messages of at most ``slot_bytes`` each, per (sender, receiver, channel), in order; a step
+streams its elements slice by slice, reserving room to send before it waits to receive (the
+executor's order). When no rank can move, the ranks that wait on each other are reported as a
+deadlock. Sends the executor may make by reference (plain sends, exchanges, and tcp's forwards
+of what a step wrote) keep pointing at the sender's memory until read: a step that overwrites
+such memory without ``wait_sends`` is an error.
+
+What it does not model: rendezvous sends (NCCL p2p's group schedules are checked by replaying
+them, tests/test_group_schedule.py), and timing (weft.topo.cost predicts that).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from weft.topo.algorithm import Algorithm, Span, Step
+
+# Collectives whose output is a reduction (and so divided once where avg is asked for).
+REDUCING = ("allreduce", "reduce_scatter", "reduce")
+
+
+@dataclass
+class Problem:
+    """One thing wrong, and where: rank, channel and step (None where it is the whole
+    algorithm's)."""
+
+    text: str
+    rank: int | None = None
+    channel: int | None = None
+    step: int | None = None
+    step_name: str | None = None
+
+    def __str__(self) -> str:
+        if self.rank is None:
+            return self.text
+        where = f"rank {self.rank}"
+        if self.step is not None:
+            where += f" channel {self.channel} step {self.step} ({self.step_name})"
+        return f"{where}: {self.text}"
+
+
+@dataclass
+class Report:
+    algorithm: str
+    ranks: int
+    errors: list[Problem] = field(default_factory=list)
+    messages: int = 0  # messages the ranks sent
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"{self.algorithm} on {self.ranks} ranks: ok ({self.messages} messages)"
+        lines = [f"{self.algorithm} on {self.ranks} ranks: {len(self.errors)} error(s)"]
+        return "\n".join(lines + [f"  {e}" for e in self.errors])
+
+
+class _Stop(Exception):
+    """Ends the symbolic run at the first error that leaves the state meaningless."""
+
+
+@dataclass
+class _Message:
+    values: list
+    sender_step: int
+    refs: list | None  # the sender's memory locations, for a send by reference
+    clock: list  # the sender's vector clock when it sent
+    read_at: tuple[int, int] | None = None  # (receiver, its clock) once read
+
+
+@dataclass
+class _Connection:
+    queue: deque = field(default_factory=deque)
+    reserved: int = 0
+
+
+@dataclass
+class _Wait:
+    ready: object  # () -> bool
+    what: str
+    peers: tuple[int, ...]
+
+
+def check(
+    algo: Algorithm,
+    *,
+    slots: int | None = None,
+    slot_bytes: int | None = None,
+    max_errors: int = 20,
+) -> Report:
+    """Runs ``algo`` symbolically and returns a Report; ``report.ok`` when every rank ends with
+    exactly the collective's result and nothing deadlocks with ``slots`` messages of
+    ``slot_bytes`` per connection (default: what the algorithm was planned for)."""
+    run = _Run(
+        algo,
+        algo.slots if slots is None else slots,
+        algo.slot_bytes if slot_bytes is None else slot_bytes,
+        max_errors,
+    )
+    run.static_checks()
+    if run.report.ok:
+        try:
+            run.execute()
+            run.check_results()
+        except _Stop:
+            pass
+    return run.report
+
+
+class _Run:
+    def __init__(self, algo: Algorithm, slots: int, slot_bytes: int, max_errors: int):
+        if slots < 1 or slot_bytes < algo.elem_size:
+            raise ValueError(
+                f"slots ({slots}) must be at least 1 and slot_bytes ({slot_bytes}) at least one "
+                f"element ({algo.elem_size} bytes); rendezvous sends are not modelled"
+            )
+        self.algo = algo
+        self.slots = slots
+        self.slice = slot_bytes // algo.elem_size
+        self.max_errors = max_errors
+        self.report = Report(algo.name, algo.ranks)
+        self.sizes = [algo.buffer_counts(r) for r in range(algo.ranks)]
+        self.longest = max([1] + [n for s in self.sizes for n in s.values()])
+        self.connections: dict[tuple[int, int, int], _Connection] = {}
+        self.memory = [self._initial_memory(r) for r in range(algo.ranks)]
+        # Happens-before between ranks: a vector clock per rank, advanced by every send and
+        # receive. A send by reference is safe to overwrite once its reading happened before.
+        self.clock = [[0] * algo.ranks for _ in range(algo.ranks)]
+        self.by_reference: list[dict] = [{} for _ in range(algo.ranks)]  # location -> messages
+        self.since_wait: list[list] = [[] for _ in range(algo.ranks)]  # by reference, since
+        self.done = [[0] * len(p.channels) for p in algo.programs]  # steps finished
+
+    # ---- problems ------------------------------------------------------------------------
+
+    def error(self, text, rank=None, channel=None, step=None, fatal=False):
+        name = None
+        if step is not None:
+            name = self.algo.programs[rank].channels[channel].steps[step].name
+        self.report.errors.append(Problem(text, rank, channel, step, name))
+        if fatal or len(self.report.errors) >= self.max_errors:
+            raise _Stop
+
+    # ---- labels: bit b of a value's mask is one original element ---------------------------
+
+    def label(self, buffer: str, rank: int, index: int) -> int:
+        base = 0 if buffer == "input" else self.algo.ranks * self.longest
+        return 1 << (base + rank * self.longest + index)
+
+    def describe(self, mask: int, limit: int = 3) -> str:
+        names, bit = [], 0
+        while mask and len(names) < limit:
+            if mask & 1:
+                which, rest = divmod(bit, self.algo.ranks * self.longest)
+                rank, index = divmod(rest, self.longest)
+                kind = "input" if which == 0 else "initial output"
+                names.append(f"rank {rank}'s {kind}[{index}]")
+            mask >>= 1
+            bit += 1
+        return ", ".join(names) + (", ..." if mask else "")
+
+    # ---- memory: in place, input and output are one storage --------------------------------
+
+    def _initial_memory(self, r: int) -> dict[str, list]:
+        sizes, offset = self.sizes[r], self.algo.in_place_offset(r)
+        memory = {
+            "output": [(self.label("output", r, i), 0) for i in range(sizes["output"])],
+            "input": [(self.label("input", r, i), 0) for i in range(sizes["input"])],
+            "scratch": [None] * sizes["scratch"],
+        }
+        if offset is None:
+            return memory
+        if self.algo.collective == "reduce_scatter":
+            return memory  # the output lies inside the input, which holds the data
+        if offset + sizes["input"] > sizes["output"]:
+            return memory  # no room for the in-place layout: the bounds check reports it
+        memory["output"][offset : offset + sizes["input"]] = memory["input"]
+        return memory
+
+    def location(self, r: int, buffer: str, index: int) -> tuple[str, int]:
+        offset = self.algo.in_place_offset(r)
+        inner = "output" if self.algo.collective == "reduce_scatter" else "input"
+        if offset is not None and buffer == inner:
+            return ("input" if inner == "output" else "output", offset + index)
+        return (buffer, index)
+
+    def read(self, r: int, span: Span, start: int, n: int, at) -> list:
+        values = []
+        for i in range(span.offset + start, span.offset + start + n):
+            store, index = self.location(r, span.buffer, i)
+            value = self.memory[r][store][index]
+            if value is None:
+                self.error(f"reads {span.buffer}[{i}] before any step wrote it", *at, fatal=True)
+            values.append(value)
+        return values
+
+    def write(self, r: int, span: Span, start: int, values: list, at) -> None:
+        for k, value in enumerate(values):
+            i = span.offset + start + k
+            where = self.location(r, span.buffer, i)
+            for message in self.by_reference[r].pop(where, ()):
+                self.check_read_before(r, span.buffer, i, message, at)
+            self.memory[r][where[0]][where[1]] = value
+
+    def check_read_before(self, r: int, buffer: str, i: int, message: _Message, at) -> None:
+        """A step may overwrite memory an earlier send referenced only once that send's reading
+        happened before it: heard of by a receive, or waited for with wait_sends."""
+        fix = "(the step needs wait_sends, or the send copy_sends)"
+        if message.read_at is None:
+            self.error(
+                f"overwrites {buffer}[{i}] while a send by reference of it is unread {fix}",
+                *at,
+                fatal=True,
+            )
+        reader, when = message.read_at
+        if self.clock[r][reader] < when:
+            self.error(
+                f"overwrites {buffer}[{i}], which rank {reader} reads by reference with "
+                f"nothing ordering that read first {fix}",
+                *at,
+                fatal=True,
+            )
+
+    def reduce(self, a: list, b: list, what: str, at) -> list:
+        out = []
+        for x, y in zip(a, b):
+            if x[1] or y[1]:
+                self.error(f"reduces {what} that was already divided (finalize)", *at, fatal=True)
+            if x[0] & y[0]:
+                self.error(
+                    f"reduces {what} holding {self.describe(x[0] & y[0])} twice", *at, fatal=True
+                )
+            out.append((x[0] | y[0], 0))
+        return out
+
+    def divide(self, values: list, step: Step) -> list:
+        if not (step.finalize and self.algo.avg):
+            return values
+        return [(mask, div + 1) for mask, div in values]
+
+    # ---- static checks --------------------------------------------------------------------
+
+    def static_checks(self) -> None:
+        algo = self.algo
+        for r, c, i, step in algo.steps():
+            at = (r, c, i)
+            try:
+                self.check_step(r, c, i, step, at)
+            except _Stop:
+                return
+
+    def check_step(self, r: int, c: int, i: int, s: Step, at) -> None:
+        sizes = self.sizes[r]
+        for key, span in s.spans():
+            if span.offset + span.count > sizes[span.buffer]:
+                self.error(
+                    f"{key} {span} lies outside {span.buffer} ({sizes[span.buffer]} elements)", *at
+                )
+        for key in ("recv", "send"):
+            if getattr(s, key) == r:
+                self.error(f"{key} peer is the rank itself", *at)
+        for dep_channel, dep_step in s.deps:
+            channels = self.algo.programs[r].channels
+            if dep_channel >= len(channels) or dep_step >= len(channels[dep_channel].steps):
+                self.error(
+                    f"depends on channel {dep_channel} step {dep_step}, which does not exist", *at
+                )
+            elif dep_channel == c and dep_step >= i:
+                self.error(f"depends on step {dep_step} of its own channel, which runs later", *at)
+        if s.kind == "fused":
+            for key, span in s.spans():
+                if key == "operand":
+                    self.error("a fused step has no operand", *at)
+                elif span.count != s.count:
+                    self.error(f"{key} {span} has {span.count} elements, the step {s.count}", *at)
+            if s.count and not (s.recv is not None or s.local is not None):
+                self.error("has neither a peer to receive from nor local data", *at)
+            if s.count and s.dst is None and s.send is None:
+                self.error("neither writes nor sends its data", *at)
+        elif s.kind == "exchange":
+            if s.recv is None and s.send is None:
+                self.error("an exchange with neither peer", *at)
+            if s.operand is not None and (s.dst is None or s.operand.count != s.dst.count):
+                self.error("operand must match dst's length", *at)
+        elif s.kind == "local_reduce":
+            if (
+                s.local is None
+                or s.dst is None
+                or s.count == 0
+                or s.dst.count != s.count
+                or (s.local.count % s.count)
+            ):
+                self.error(
+                    "local_reduce needs local of k blocks of count elements and a dst of count", *at
+                )
+
+    # ---- the run --------------------------------------------------------------------------
+
+    def connection(self, sender: int, receiver: int, channel: int) -> _Connection:
+        return self.connections.setdefault((sender, receiver, channel), _Connection())
+
+    def execute(self) -> None:
+        runners = {}
+        for r, program in enumerate(self.algo.programs):
+            for c in range(len(program.channels)):
+                runners[(r, c)] = [self.channel_steps(r, c), None]
+        while runners:
+            moved = False
+            for key in list(runners):
+                entry = runners[key]
+                while entry[1] is None or entry[1].ready():
+                    try:
+                        entry[1] = next(entry[0])
+                    except StopIteration:
+                        del runners[key]
+                        moved = True
+                        break
+                    moved = True
+            if not moved:
+                self.report_deadlock(runners)
+                raise _Stop
+
+    def channel_steps(self, r: int, c: int):
+        steps = self.algo.programs[r].channels[c].steps
+        for i, s in enumerate(steps):
+            at = (r, c, i)
+            for dc, di in s.deps:
+                yield _Wait(
+                    lambda dc=dc, di=di: self.done[r][dc] > di,
+                    f"waits for its channel {dc} to finish step {di}",
+                    (r,),
+                )
+            if s.wait_sends:
+                yield _Wait(
+                    lambda: all(m.read_at for _, m in self.since_wait[r]),
+                    "waits until its sends by reference are read",
+                    self.unread_peers(r),
+                )
+                for _, message in self.since_wait[r]:  # the transport said so: happens-before
+                    reader, when = message.read_at
+                    self.clock[r][reader] = max(self.clock[r][reader], when)
+                self.since_wait[r].clear()
+            if s.kind == "fused":
+                yield from self.fused(r, c, i, s, at)
+            elif s.kind == "exchange":
+                yield from self.exchange(r, c, i, s, at)
+            else:
+                self.local_reduce(r, s, at)
+            self.done[r][c] = i + 1
+
+    def unread_peers(self, r: int) -> tuple[int, ...]:
+        return tuple(sorted({q for q, m in self.since_wait[r] if m.read_at is None}))
+
+    def post(self, r: int, c: int, i: int, peer: int, values: list, refs: list | None) -> None:
+        self.clock[r][r] += 1
+        message = _Message(values, i, refs, self.clock[r][:])
+        if refs:
+            for where in refs:
+                self.by_reference[r].setdefault(where, []).append(message)
+            self.since_wait[r].append((peer, message))
+        self.connection(r, peer, c).queue.append(message)
+        self.report.messages += 1
+
+    def take(self, sender: int, r: int, c: int, n: int, at) -> list:
+        message = self.connection(sender, r, c).queue.popleft()
+        clock = self.clock[r]
+        clock[:] = [max(a, b) for a, b in zip(clock, message.clock)]
+        clock[r] += 1
+        message.read_at = (r, clock[r])
+        if len(message.values) != n:
+            self.error(
+                f"expects {n} elements from rank {sender}, whose step {message.sender_step} "
+                f"sent {len(message.values)}",
+                *at,
+                fatal=True,
+            )
+        return message.values
+
+    def room(self, conn: _Connection) -> bool:
+        return len(conn.queue) + conn.reserved < self.slots
+
+    def refs(self, r: int, span: Span, start: int, n: int) -> list:
+        return [self.location(r, span.buffer, span.offset + start + k) for k in range(n)]
+
+    def fused(self, r: int, c: int, i: int, s: Step, at):
+        divides = s.finalize and self.algo.avg
+        # What the executor may send by reference: local memory as it is (a plain send), or on
+        # tcp what the step wrote to dst.
+        plain_send = s.recv is None and s.dst is None and not divides and not s.copy_sends
+        for start in range(0, s.count, self.slice):
+            n = min(self.slice, s.count - start)
+            out = None
+            if s.send is not None:
+                out = self.connection(r, s.send, c)
+                yield _Wait(
+                    lambda out=out: self.room(out),
+                    f"waits for room to send to rank {s.send} (its {self.slots} slot(s) are full)",
+                    (s.send,),
+                )
+                out.reserved += 1
+            incoming = None
+            if s.recv is not None:
+                conn = self.connection(s.recv, r, c)
+                yield _Wait(
+                    lambda conn=conn: bool(conn.queue),
+                    f"waits to receive from rank {s.recv}",
+                    (s.recv,),
+                )
+                incoming = self.take(s.recv, r, c, n, at)
+            local = self.read(r, s.local, start, n, at) if s.local is not None else None
+            if incoming is not None and local is not None:
+                data = self.reduce(incoming, local, f"{s.local} with rank {s.recv}'s data", at)
+            else:
+                data = incoming if incoming is not None else local
+            data = self.divide(data, s)
+            if s.dst is not None:
+                self.write(r, s.dst, start, data, at)
+            if out is not None:
+                out.reserved -= 1
+                refs = None
+                if plain_send:
+                    refs = self.refs(r, s.local, start, n)
+                elif s.dst is not None and not divides:
+                    refs = self.refs(r, s.dst, start, n)
+                self.post(r, c, i, s.send, data, refs)
+
+    def exchange(self, r: int, c: int, i: int, s: Step, at):
+        def pieces(span):
+            total = span.count if span is not None else 0
+            return [(k, min(self.slice, total - k)) for k in range(0, total, self.slice)] or [
+                (0, 0)
+            ]
+
+        sends = deque(pieces(s.local)) if s.send is not None else deque()
+        receives = deque(pieces(s.dst)) if s.recv is not None else deque()
+        out = self.connection(r, s.send, c) if s.send is not None else None
+        inc = self.connection(s.recv, r, c) if s.recv is not None else None
+        while sends or receives:
+            can_send = bool(sends) and self.room(out)
+            can_receive = bool(receives) and bool(inc.queue)
+            if not (can_send or can_receive):
+                waits = ([f"to receive from rank {s.recv}"] if receives else []) + (
+                    [f"for room to send to rank {s.send}"] if sends else []
+                )
+                peers = tuple(p for p, pending in ((s.recv, receives), (s.send, sends)) if pending)
+                yield _Wait(
+                    lambda: (sends and self.room(out)) or (receives and bool(inc.queue)),
+                    "waits " + " and ".join(waits),
+                    peers,
+                )
+                continue
+            if can_send:
+                start, n = sends.popleft()
+                values = self.read(r, s.local, start, n, at) if n else []
+                refs = self.refs(r, s.local, start, n) if n and not s.copy_sends else None
+                self.post(r, c, i, s.send, values, refs)
+            if can_receive:
+                start, n = receives.popleft()
+                values = self.take(s.recv, r, c, n, at)
+                if s.operand is not None and n:
+                    operand = self.read(r, s.operand, start, n, at)
+                    values = self.reduce(
+                        values, operand, f"{s.operand} with rank {s.recv}'s data", at
+                    )
+                if n:
+                    self.write(r, s.dst, start, self.divide(values, s), at)
+
+    def local_reduce(self, r: int, s: Step, at) -> None:
+        blocks = s.local.count // s.count
+        acc = self.read(r, s.local, 0, s.count, at)
+        for b in range(1, blocks):
+            acc = self.reduce(
+                acc, self.read(r, s.local, b * s.count, s.count, at), f"block {b} of {s.local}", at
+            )
+        self.write(r, s.dst, 0, self.divide(acc, s), at)
+
+    def report_deadlock(self, runners: dict) -> None:
+        blocked = {}
+        for (r, c), (_, wait) in sorted(runners.items()):
+            blocked.setdefault(r, []).append((c, wait))
+        cycle = self.find_cycle(blocked)
+        start = cycle[0] if cycle else next(iter(blocked))
+        c, wait = blocked[start][0]
+        parts = []
+        for r in cycle or [start]:
+            for ch, w in blocked[r]:
+                parts.append(f"rank {r} channel {ch} step {self.done[r][ch]} {w.what}")
+        if cycle:
+            text = "deadlock: " + "; ".join(parts)
+        else:
+            finished = [q for q in blocked[start][0][1].peers if q not in blocked]
+            text = (
+                "waits forever: "
+                + "; ".join(parts)
+                + (f" (rank {finished[0]} has finished its steps)" if finished else "")
+            )
+        self.error(text, start, c, self.done[start][c])
+
+    def find_cycle(self, blocked: dict) -> list[int]:
+        """Ranks that wait on each other in a circle, following each blocked rank's first
+        blocked peer; empty where the waits end at a rank that has finished."""
+        edges = {
+            r: sorted({p for _, w in waits for p in w.peers} & set(blocked))
+            for r, waits in blocked.items()
+        }
+        for first in blocked:
+            path, index, r = [], {}, first
+            while r is not None and r not in index:
+                index[r] = len(path)
+                path.append(r)
+                r = edges[r][0] if edges[r] else None
+            if r is not None:
+                return path[index[r] :]
+        return []
+
+    # ---- results --------------------------------------------------------------------------
+
+    def check_results(self) -> None:
+        for (sender, receiver, channel), conn in sorted(self.connections.items()):
+            if conn.queue:
+                first = conn.queue[0]
+                self.error(
+                    f"sent {len(conn.queue)} message(s) to rank {receiver} on channel "
+                    f"{channel} that no step receives",
+                    sender,
+                    channel,
+                    first.sender_step,
+                )
+        for r in range(self.algo.ranks):
+            expected = self.expected_output(r)
+            if expected is None:
+                continue
+            reduced_here = self.algo.collective in REDUCING and (
+                self.algo.collective != "reduce" or r == self.algo.root
+            )
+            divided = 1 if self.algo.avg and reduced_here else 0
+            for i, want in enumerate(expected):
+                store, index = self.location(r, "output", i)
+                got, div = self.memory[r][store][index]
+                if got != want:
+                    self.error(self.difference(i, got, want), r)
+                elif div != divided:
+                    self.error(
+                        f"output[{i}] divided {div} time(s) by the world size, not {divided}", r
+                    )
+
+    def difference(self, i: int, got: int, want: int) -> str:
+        missing, extra = want & ~got, got & ~want
+        parts = []
+        if missing:
+            parts.append(f"misses {self.describe(missing)}")
+        if extra:
+            parts.append(f"holds {self.describe(extra)}, which does not belong there")
+        return f"output[{i}] " + " and ".join(parts)
+
+    def expected_output(self, r: int) -> list[int] | None:
+        a, n, count, root = self.algo, self.algo.ranks, self.algo.count, self.algo.root
+        ranks = range(n)
+
+        def reduced(index):
+            mask = 0
+            for q in ranks:
+                mask |= self.label("input", q, index)
+            return mask
+
+        if a.collective == "allreduce":
+            return [reduced(i) for i in range(count)]
+        if a.collective == "reduce_scatter":
+            return [reduced(r * count + i) for i in range(count)]
+        if a.collective == "allgather":
+            return [self.label("input", q, i) for q in ranks for i in range(count)]
+        if a.collective == "broadcast":
+            return [self.label("output", root, i) for i in range(count)]
+        if a.collective == "reduce":
+            if r == root:
+                return [reduced(i) for i in range(count)]
+            return None if a.in_place else [self.label("output", r, i) for i in range(count)]
+        if a.collective == "alltoall":
+            return [self.label("input", q, r * count + i) for q in ranks for i in range(count)]
+        if a.collective == "gather":
+            if r != root:
+                return None
+            return [self.label("input", q, i) for q in ranks for i in range(count)]
+        if a.collective == "scatter":
+            return [self.label("input", root, r * count + i) for i in range(count)]
+        return None  # barrier: nothing but that every rank gets through

@@ -1,0 +1,280 @@
+"""weft.topo's Algorithms and checker: every built-in Plan passes the checker on 1 to 33 ranks,
+and seeded bugs (a dropped send, a doubled reduction, a swapped chunk, ranks waiting on each
+other, too little buffering, memory overwritten while a send by reference is unread) are caught
+with errors that name where they are. No processes: the checker runs the Plans symbolically."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from weft import topo
+from weft.topo import Span, Step
+from weft.topo.builtin import TUNED, host_layout, world_of
+
+WORLDS = range(1, 34)
+IN_PLACE = ("allreduce", "reduce", "allgather", "reduce_scatter")
+AVG = ("allreduce", "reduce_scatter", "reduce")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+# (count, slot_bytes, slots): one slice per step, nothing, one element, and many small slices
+# through two slots, so that finite buffering and slicing both show.
+SHAPES = ((5, 256 << 10, 8), (0, 256 << 10, 8), (1, 256 << 10, 8), (7, 8, 2))
+
+
+def variants(collective: str, family: str, ranks: int, hosts):
+    for in_place in (False, True) if collective in IN_PLACE else (False,):
+        for avg in (False, True) if collective in AVG else (False,):
+            for count, slot_bytes, slots in SHAPES:
+                yield dict(
+                    count=count,
+                    in_place=in_place,
+                    avg=avg,
+                    hosts=hosts,
+                    root=ranks // 2 if collective in ROOTED else 0,
+                    slot_bytes=slot_bytes,
+                    slots=slots,
+                )
+
+
+@pytest.mark.parametrize("collective", list(topo.FAMILIES))
+def test_every_builtin_passes_the_checker_on_1_to_33_ranks(collective):
+    checked, failures = 0, []
+    for family in topo.FAMILIES[collective]:
+        for ranks in WORLDS:
+            hosts = 2 if family == "hier" and ranks % 2 == 0 else None
+            world = world_of(host_layout(ranks, hosts))
+            if collective in TUNED and family not in topo.algorithms_for(collective, world):
+                continue
+            for options in variants(collective, family, ranks, hosts):
+                report = topo.check(topo.builtin(collective, family, ranks, **options))
+                checked += 1
+                if not report.ok:
+                    failures.append(f"{family} on {ranks} ranks {options}:\n{report}")
+    assert checked > 100, checked
+    assert not failures, "\n".join(failures[:5])
+
+
+@pytest.mark.parametrize("ranks,hosts", [(6, 3), (9, 3), (12, 4), (8, [0, 0, 1, 1, 2, 2, 3, 3])])
+def test_hier_on_other_host_layouts(ranks, hosts):
+    for count in (0, 1, 13):
+        for in_place in (False, True):
+            algo = topo.builtin(
+                "allreduce",
+                "hier",
+                ranks,
+                count=count,
+                hosts=hosts,
+                in_place=in_place,
+                slot_bytes=8,
+                slots=2,
+            )
+            report = topo.check(algo)
+            assert report.ok, report
+
+
+@pytest.mark.parametrize("ranks", [3, 5, 8, 9])
+def test_plans_of_ranks_that_share_cpus(ranks):
+    """rd folds the ranks of each CPU onto its first rank; every family stays right."""
+    cpus = [r % 2 for r in range(ranks)]
+    for family in topo.algorithms_for("allreduce", topo.Topology(size=ranks)):
+        for count in (1, 13):
+            report = topo.check(
+                topo.builtin("allreduce", family, ranks, count=count, shared_cpu=cpus)
+            )
+            assert report.ok, (family, report)
+
+
+def test_a_family_the_world_lacks_is_refused():
+    with pytest.raises(ValueError, match="no hier form on 4 ranks over 1 host"):
+        topo.builtin("allreduce", "hier", 4)
+    with pytest.raises(ValueError, match="no rhd form on 3 ranks"):
+        topo.builtin("reduce_scatter", "rhd", 3)
+    with pytest.raises(ValueError, match="allgather has no family 'chain'"):
+        topo.builtin("allgather", "chain", 4)
+
+
+# ---- seeded bugs --------------------------------------------------------------------------
+
+
+def ring(ranks: int = 4, count: int = 8, **options) -> topo.Algorithm:
+    return topo.builtin("allreduce", "ring", ranks, count=count, **options)
+
+
+def pairwise_sum(rank: int) -> list[Step]:
+    """A hand-written allreduce of 2 ranks: swap inputs, then add the peer's to one's own."""
+    peer = 1 - rank
+    return [
+        Step(send=peer, local=Span("input", 0, 4), count=4),
+        Step(recv=peer, dst=Span("scratch", 0, 4), count=4),
+        Step(kind="local_reduce", local=Span("scratch", 0, 8), dst=Span("output", 0, 4), count=4),
+    ]
+
+
+def hand_written(steps_of) -> topo.Algorithm:
+    programs = [topo.RankProgram([topo.Channel(steps_of(r))], scratch=8) for r in (0, 1)]
+    return topo.Algorithm("pairwise", "allreduce", 2, 4, programs)
+
+
+def whole_pairwise_sum(rank: int) -> list[Step]:
+    steps = pairwise_sum(rank)
+    steps.insert(2, Step(local=Span("input", 0, 4), dst=Span("scratch", 4, 4), count=4))
+    return steps
+
+
+def test_a_hand_written_algorithm_is_checked_like_a_builtin():
+    assert topo.check(hand_written(whole_pairwise_sum)).ok
+    report = topo.check(hand_written(pairwise_sum))  # scratch[4:8] is never written
+    assert not report.ok
+    assert "channel 0 step 2 (local_reduce): reads scratch[4] before any step wrote it" in str(
+        report.errors[0]
+    )
+
+
+def test_a_dropped_send_is_reported():
+    algo = ring()
+    step = algo.programs[2].channels[0].steps[0]
+    step.send, step.dst = None, Span("output", 6, 2)  # keeps its block instead of sending it
+    (error,) = topo.check(algo).errors
+    assert (error.rank, error.step, error.step_name) == (3, 6, "recv")
+    assert "waits to receive from rank 2 (rank 2 has finished its steps)" in error.text
+
+
+def test_a_doubled_reduction_is_reported():
+    def steps(rank):
+        s = whole_pairwise_sum(rank)
+        if rank == 1:  # adds its own input to the sum a second time
+            s += [
+                Step(local=Span("output", 0, 4), dst=Span("scratch", 0, 4), count=4),
+                Step(
+                    kind="local_reduce",
+                    local=Span("scratch", 0, 8),
+                    dst=Span("output", 0, 4),
+                    count=4,
+                ),
+            ]
+        return s
+
+    (error,) = topo.check(hand_written(steps)).errors
+    assert (error.rank, error.step, error.step_name) == (1, 5, "local_reduce")
+    assert "holding rank 1's input[0]" in error.text and "twice" in error.text
+
+
+def test_a_swapped_chunk_is_reported():
+    algo = ring()
+    steps = algo.programs[3].channels[0].steps
+    steps[5].dst, steps[6].dst = steps[6].dst, steps[5].dst
+    errors = topo.check(algo).errors
+    assert [e.rank for e in errors] == [3, 3, 3, 3]
+    assert errors[0].text.startswith("output[0] misses rank 0's input[0]")
+    assert "holds rank 0's input[2]" in errors[0].text
+
+
+def test_ranks_that_wait_on_each_other_are_a_deadlock():
+    algo = topo.builtin("allreduce", "rd", 2, count=4)
+    for rank in (0, 1):  # each receives before it sends: neither sends
+        exchange = algo.programs[rank].channels[0].steps[0]
+        algo.programs[rank].channels[0].steps[0:1] = [
+            Step(recv=1 - rank, local=exchange.operand, dst=exchange.dst, count=4),
+            Step(send=1 - rank, local=exchange.local, count=4),
+        ]
+    (error,) = topo.check(algo).errors
+    assert error.text == (
+        "deadlock: rank 0 channel 0 step 0 waits to receive from rank 1; "
+        "rank 1 channel 0 step 0 waits to receive from rank 0"
+    )
+
+
+def test_too_little_buffering_deadlocks_a_ring():
+    """Planned for 8 slots per connection, the ring's steps fill one slot and wait for room."""
+    algo = ring(count=16, slot_bytes=8, slots=8)
+    assert topo.check(algo).ok
+    (error,) = topo.check(algo, slots=1).errors
+    assert error.text.startswith(
+        "deadlock: rank 0 channel 0 step 0 waits for room to send to "
+        "rank 1 (its 1 slot(s) are full); rank 1"
+    )
+
+
+def test_overwriting_what_a_send_by_reference_still_points_at_is_reported():
+    algo = topo.builtin("allreduce", "rd", 4, count=64, slot_bytes=16, slots=2)
+    for program in algo.programs:
+        program.channels[0].steps[2].wait_sends = False
+    (error,) = topo.check(algo).errors
+    assert error.step_name == "copy" and "reads by reference" in error.text
+    assert "needs wait_sends" in error.text
+
+
+def test_spans_outside_their_buffers_and_wrong_lengths_are_reported():
+    algo = ring()
+    algo.programs[1].channels[0].steps[0].local = Span("input", 7, 2)
+    algo.programs[2].channels[0].steps[1].count = 3
+    errors = [str(e) for e in topo.check(algo).errors]
+    assert "rank 1 channel 0 step 0 (send): local input[7:9] lies outside input (8 elements)" in (
+        errors
+    )
+    assert any(e.startswith("rank 2 channel 0 step 1 (recv_reduce_send): local") for e in errors)
+
+
+# ---- JSON ---------------------------------------------------------------------------------
+
+
+def test_an_algorithm_survives_json(tmp_path):
+    algo = topo.builtin("allreduce", "hier", 8, count=13, hosts=2, avg=True, in_place=True)
+    path = tmp_path / "hier.json"
+    algo.save(path)
+    again = topo.load(path)
+    assert again == algo
+    assert topo.check(again).ok
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda d: d.pop("collective"), "top level: missing 'collective'"),
+        (lambda d: d.update(collective="allsum"), "collective 'allsum': use one of"),
+        (lambda d: d["programs"].pop(), "programs: 3 programs for 4 ranks"),
+        (
+            lambda d: d["programs"][1]["channels"][0][2].update(kind="jump"),
+            "rank 1 channel 0 step 2: kind 'jump'",
+        ),
+        (
+            lambda d: d["programs"][2]["channels"][0][0].update(send=9),
+            "rank 2 channel 0 step 0: send peer 9 is not a rank of 4",
+        ),
+        (
+            lambda d: d["programs"][0]["channels"][0][0].update(local=["heap", 0, 1]),
+            "local must be [buffer, offset, count]",
+        ),
+        (
+            lambda d: d["programs"][0]["channels"][0][1].update(count="2"),
+            "'count' must be an integer",
+        ),
+        (lambda d: d.update(format="msccl"), "format 'msccl' is not 'weft-algorithm/1'"),
+    ],
+)
+def test_a_malformed_file_is_refused_with_where_and_what(tmp_path, edit, message):
+    data = ring().to_json()
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(topo.AlgorithmError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        topo.load(path)
+
+
+# ---- python -m weft.topo ----------------------------------------------------------------------
+
+
+def test_the_command_line_exports_and_checks_files(tmp_path, capsys):
+    from weft.topo.__main__ import main
+
+    good, bad = tmp_path / "tree.json", tmp_path / "bad.json"
+    assert main(["export", "allreduce", "tree", "6", "--count", "100", "-o", str(good)]) == 0
+    assert main(["check", str(good)]) == 0
+    assert "tree on 6 ranks: ok" in capsys.readouterr().out
+    data = json.loads(good.read_text())
+    data["programs"][3]["channels"][0].pop(0)  # rank 3 forgets its first step
+    bad.write_text(json.dumps(data))
+    assert main(["check", str(good), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert f"{good}: tree on 6 ranks: ok" in out and f"{bad}: tree on 6 ranks:" in out
+    assert "rank 3" in out.split(str(bad))[1]

@@ -427,7 +427,7 @@ class _Run:
                 refs = None
                 if plain_send:
                     refs = self.refs(r, s.local, start, n)
-                elif s.dst is not None and not divides:
+                elif s.dst is not None:
                     refs = self.refs(r, s.dst, start, n)
                 self.post(r, c, i, s.send, data, refs)
 
@@ -459,7 +459,7 @@ class _Run:
             if can_send:
                 start, n = sends.popleft()
                 values = self.read(r, s.local, start, n, at) if n else []
-                refs = self.refs(r, s.local, start, n) if n and not s.copy_sends else None
+                refs = self.refs(r, s.local, start, n) if n else None  # by reference
                 self.post(r, c, i, s.send, values, refs)
             if can_receive:
                 start, n = receives.popleft()

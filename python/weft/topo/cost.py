@@ -11,7 +11,7 @@ timed Plans in ``.measured`` (which ``choose`` believes over the link figures at
 ``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads.
 """
 
-from weft._C.topo import (
+from weft._C.topo import (  # noqa: F401  (re-exported by weft.topo)
     MEASURED_BYTES,
     CostModel,
     LinkCost,
@@ -22,15 +22,3 @@ from weft._C.topo import (
     predict,
     save_cost_model,
 )
-
-__all__ = [
-    "MEASURED_BYTES",
-    "CostModel",
-    "LinkCost",
-    "Topology",
-    "algorithms_for",
-    "choose",
-    "load_cost_model",
-    "predict",
-    "save_cost_model",
-]

@@ -13,9 +13,9 @@ RESULTS = bench/results
 BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 5 --vs gloo,mpi
 
 # The algorithm sweeps (bench/results/algos_tcp_np*.*, hier_2x2_1gbit.*, hosts_8x1_1gbit.*):
-# every allreduce family over tcp with 4 and 8 ranks against gloo and OpenMPI (over its shared
-# memory, and held to tcp like weft), and across namespace "hosts" whose links tc limits to
-# 1 Gbit/s (2 hosts of 2 ranks, 8 of 1; needs root).
+# the allreduce families ring, tree, rd, rhd and auto over tcp with 4 and 8 ranks against gloo
+# and OpenMPI (over its shared memory, and held to tcp like weft), and across namespace "hosts"
+# whose links tc limits to 1 Gbit/s (2 hosts of 2 ranks, 8 of 1; needs root).
 ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e 256M -f 8 \
 	-n 12 --iter-bytes 64M -w 3 --rounds 4 --repeats 2 --vs gloo,mpi,mpi-tcp
 # The small messages, every power of two from 8 B to 4 KiB.

@@ -234,19 +234,19 @@ def test_an_algorithm_survives_json(tmp_path):
         (lambda d: d.update(collective="allsum"), "collective 'allsum': use one of"),
         (lambda d: d["programs"].pop(), "programs: 3 programs for 4 ranks"),
         (
-            lambda d: d["programs"][1]["channels"][0][2].update(kind="jump"),
+            lambda d: d["programs"][1]["channels"][0]["steps"][2].update(kind="jump"),
             "rank 1 channel 0 step 2: kind 'jump'",
         ),
         (
-            lambda d: d["programs"][2]["channels"][0][0].update(send=9),
+            lambda d: d["programs"][2]["channels"][0]["steps"][0].update(send=9),
             "rank 2 channel 0 step 0: send peer 9 is not a rank of 4",
         ),
         (
-            lambda d: d["programs"][0]["channels"][0][0].update(local=["heap", 0, 1]),
+            lambda d: d["programs"][0]["channels"][0]["steps"][0].update(local=["heap", 0, 1]),
             "local must be [buffer, offset, count]",
         ),
         (
-            lambda d: d["programs"][0]["channels"][0][1].update(count="2"),
+            lambda d: d["programs"][0]["channels"][0]["steps"][1].update(count="2"),
             "'count' must be an integer",
         ),
         (lambda d: d.update(format="msccl"), "format 'msccl' is not 'weft-algorithm/1'"),
@@ -272,7 +272,7 @@ def test_the_command_line_exports_and_checks_files(tmp_path, capsys):
     assert main(["check", str(good)]) == 0
     assert "tree on 6 ranks: ok" in capsys.readouterr().out
     data = json.loads(good.read_text())
-    data["programs"][3]["channels"][0].pop(0)  # rank 3 forgets its first step
+    data["programs"][3]["channels"][0]["steps"].pop(0)  # rank 3 forgets its first step
     bad.write_text(json.dumps(data))
     assert main(["check", str(good), str(bad)]) == 1
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ True
 - ``Algorithm`` (algorithm.py): a collective written out as every rank's channels of steps;
   ``algo.save(path)``, ``topo.load(path)``.
 - ``builtin`` (builtin.py): any built-in family's Plans as an Algorithm.
+- ``load_msccl`` (msccl.py): MSCCL's algorithm XML as an Algorithm, thread blocks as channels.
 - ``check`` (check.py): symbolic execution of an Algorithm: contributions, placement, bounds,
   finite buffering, deadlocks.
 - The tuner's cost model (cost.py): ``Topology``, ``CostModel``, ``predict``, ``choose``, ...
@@ -37,6 +38,7 @@ from weft.topo.cost import (
     predict,
     save_cost_model,
 )
+from weft.topo.msccl import load_msccl
 
 __all__ = [
     "FAMILIES",
@@ -58,6 +60,7 @@ __all__ = [
     "choose",
     "load",
     "load_cost_model",
+    "load_msccl",
     "predict",
     "save_cost_model",
 ]

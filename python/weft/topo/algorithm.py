@@ -10,10 +10,13 @@ the rank's input, output and scratch buffers. A step is one of the executor's th
   progressed together; with ``operand``, dst = received (op) operand. An absent span on a side
   with a peer still moves one empty message.
 - ``local_reduce``: ``local`` holds k blocks of ``count`` elements; dst = their reduction.
+- ``reduce``: dst = dst (op) local, ``count`` elements (MSCCL's ``re``; the executor has no such
+  step yet, so only the checker runs it).
 
 A step may wait for steps of other channels of its rank (``deps``: (channel, index) pairs).
-Messages between two ranks keep their order per channel. Saved as JSON (``save``, ``load``);
-everything a file says is checked before it is believed.
+Messages between two ranks keep their order per channel; a channel's ``tag`` (by default its
+index) says which channel of the receiving rank its messages reach. Saved as JSON (``save``,
+``load``); everything a file says is checked before it is believed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 FORMAT = "weft-algorithm/1"
 BUFFERS = ("input", "output", "scratch")
-KINDS = ("fused", "exchange", "local_reduce")
+KINDS = ("fused", "exchange", "local_reduce", "reduce")
 # Collectives and, for each, the element counts of (input, output) on rank r of n with root t;
 # count is what the collective's call passes (per rank for allreduce, per block otherwise).
 COLLECTIVES = {
@@ -114,6 +117,9 @@ class Step:
 @dataclass
 class Channel:
     steps: list[Step] = field(default_factory=list)
+    # Which connection the channel's messages use: a send on rank a's channel with tag t reaches
+    # the channel with tag t on the receiving rank (MSCCL's "chan"). None: the channel's index.
+    tag: int | None = None
 
 
 @dataclass
@@ -197,7 +203,11 @@ class Algorithm:
                 {
                     "rank": r,
                     "scratch": p.scratch,
-                    "channels": [[step(s) for s in ch.steps] for ch in p.channels],
+                    "channels": [
+                        {"steps": [step(s) for s in ch.steps]}
+                        | ({} if ch.tag is None else {"tag": ch.tag})
+                        for ch in p.channels
+                    ],
                 }
                 for r, p in enumerate(self.programs)
             ],
@@ -283,9 +293,9 @@ def _parse(data, source: str) -> Algorithm:
         if scratch < 0:
             fail(where, f"scratch {scratch} is negative")
         channels = []
-        for c, steps_data in enumerate(need(p, "channels", list, where)):
-            if not isinstance(steps_data, list):
-                fail(f"{where} channel {c}", "a channel is a list of steps")
+        for c, channel_data in enumerate(need(p, "channels", list, where)):
+            steps_data = need(channel_data, "steps", list, f"{where} channel {c}")
+            tag = need(channel_data, "tag", int, f"{where} channel {c}", optional=True)
             steps = []
             for i, s in enumerate(steps_data):
                 at = f"{where} channel {c} step {i}"
@@ -315,7 +325,7 @@ def _parse(data, source: str) -> Algorithm:
                         deps=[tuple(d) for d in deps],
                     )
                 )
-            channels.append(Channel(steps))
+            channels.append(Channel(steps, tag))
         if not channels:
             fail(where, "needs at least one channel")
         programs.append(RankProgram(channels, scratch))

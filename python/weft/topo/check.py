@@ -70,6 +70,7 @@ class _Stop(Exception):
 @dataclass
 class _Message:
     values: list
+    sender_channel: int
     sender_step: int
     refs: list | None  # the sender's memory locations, for a send by reference
     clock: list  # the sender's vector clock when it sent
@@ -289,6 +290,14 @@ class _Run:
                 self.error("an exchange with neither peer", *at)
             if s.operand is not None and (s.dst is None or s.operand.count != s.dst.count):
                 self.error("operand must match dst's length", *at)
+        elif s.kind == "reduce":
+            if (
+                s.local is None
+                or s.dst is None
+                or s.local.count != s.count
+                or (s.dst.count != s.count)
+            ):
+                self.error("reduce needs local and dst of count elements", *at)
         elif s.kind == "local_reduce":
             if (
                 s.local is None
@@ -303,8 +312,12 @@ class _Run:
 
     # ---- the run --------------------------------------------------------------------------
 
-    def connection(self, sender: int, receiver: int, channel: int) -> _Connection:
-        return self.connections.setdefault((sender, receiver, channel), _Connection())
+    def connection(self, sender: int, receiver: int, tag: int) -> _Connection:
+        return self.connections.setdefault((sender, receiver, tag), _Connection())
+
+    def tag(self, r: int, c: int) -> int:
+        tag = self.algo.programs[r].channels[c].tag
+        return c if tag is None else tag
 
     def execute(self) -> None:
         runners = {}
@@ -351,6 +364,11 @@ class _Run:
                 yield from self.fused(r, c, i, s, at)
             elif s.kind == "exchange":
                 yield from self.exchange(r, c, i, s, at)
+            elif s.kind == "reduce":
+                into = self.read(r, s.dst, 0, s.count, at)
+                local = self.read(r, s.local, 0, s.count, at)
+                values = self.reduce(into, local, f"{s.local} into {s.dst}", at)
+                self.write(r, s.dst, 0, self.divide(values, s), at)
             else:
                 self.local_reduce(r, s, at)
             self.done[r][c] = i + 1
@@ -360,16 +378,16 @@ class _Run:
 
     def post(self, r: int, c: int, i: int, peer: int, values: list, refs: list | None) -> None:
         self.clock[r][r] += 1
-        message = _Message(values, i, refs, self.clock[r][:])
+        message = _Message(values, c, i, refs, self.clock[r][:])
         if refs:
             for where in refs:
                 self.by_reference[r].setdefault(where, []).append(message)
             self.since_wait[r].append((peer, message))
-        self.connection(r, peer, c).queue.append(message)
+        self.connection(r, peer, self.tag(r, c)).queue.append(message)
         self.report.messages += 1
 
     def take(self, sender: int, r: int, c: int, n: int, at) -> list:
-        message = self.connection(sender, r, c).queue.popleft()
+        message = self.connection(sender, r, self.tag(r, c)).queue.popleft()
         clock = self.clock[r]
         clock[:] = [max(a, b) for a, b in zip(clock, message.clock)]
         clock[r] += 1
@@ -398,7 +416,7 @@ class _Run:
             n = min(self.slice, s.count - start)
             out = None
             if s.send is not None:
-                out = self.connection(r, s.send, c)
+                out = self.connection(r, s.send, self.tag(r, c))
                 yield _Wait(
                     lambda out=out: self.room(out),
                     f"waits for room to send to rank {s.send} (its {self.slots} slot(s) are full)",
@@ -407,7 +425,7 @@ class _Run:
                 out.reserved += 1
             incoming = None
             if s.recv is not None:
-                conn = self.connection(s.recv, r, c)
+                conn = self.connection(s.recv, r, self.tag(r, c))
                 yield _Wait(
                     lambda conn=conn: bool(conn.queue),
                     f"waits to receive from rank {s.recv}",
@@ -440,8 +458,8 @@ class _Run:
 
         sends = deque(pieces(s.local)) if s.send is not None else deque()
         receives = deque(pieces(s.dst)) if s.recv is not None else deque()
-        out = self.connection(r, s.send, c) if s.send is not None else None
-        inc = self.connection(s.recv, r, c) if s.recv is not None else None
+        out = self.connection(r, s.send, self.tag(r, c)) if s.send is not None else None
+        inc = self.connection(s.recv, r, self.tag(r, c)) if s.recv is not None else None
         while sends or receives:
             can_send = bool(sends) and self.room(out)
             can_receive = bool(receives) and bool(inc.queue)
@@ -523,14 +541,14 @@ class _Run:
     # ---- results --------------------------------------------------------------------------
 
     def check_results(self) -> None:
-        for (sender, receiver, channel), conn in sorted(self.connections.items()):
+        for (sender, receiver, tag), conn in sorted(self.connections.items()):
             if conn.queue:
                 first = conn.queue[0]
                 self.error(
-                    f"sent {len(conn.queue)} message(s) to rank {receiver} on channel "
-                    f"{channel} that no step receives",
+                    f"sent {len(conn.queue)} message(s) to rank {receiver} (channel tag {tag}) "
+                    "that no step receives",
                     sender,
-                    channel,
+                    first.sender_channel,
                     first.sender_step,
                 )
         for r in range(self.algo.ranks):

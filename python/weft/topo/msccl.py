@@ -1,0 +1,210 @@
+"""MSCCL's algorithm XML as an Algorithm: ``topo.load_msccl(path)``.
+
+The format (written by msccl-tools' ``ir_to_xml``, read by msccl-executor-nccl's parser):
+``<algo>`` with ``ngpus``, ``coll``, ``nchunksperloop``, ``inplace`` and, in newer files,
+``outofplace``, ``minBytes``, ``maxBytes``; per rank a ``<gpu id i_chunks o_chunks s_chunks>``;
+per thread block a ``<tb id send recv chan>``; per step ``<step s type srcbuf srcoff dstbuf dstoff
+cnt depid deps hasdep>``. Thread blocks become channels (``chan`` their tag, so a block's sends
+reach the block of the same chan on the peer); chunks become elements, so the Algorithm is for
+calls of one element per chunk (a real call divides its buffer into that many chunks). Anything
+the importer cannot represent is an error naming the element, never a skipped step.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from weft.topo.algorithm import Algorithm, AlgorithmError, Channel, RankProgram, Span, Step
+
+BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
+COLLECTIVES = {
+    "allreduce": "allreduce",
+    "allgather": "allgather",
+    "reduce_scatter": "reduce_scatter",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "alltoall",
+}
+# Step type -> (receives, reads src, writes dst, sends)
+STEP_TYPES = {
+    "s": (False, True, False, True),
+    "r": (True, False, True, False),
+    "rcs": (True, False, True, True),
+    "rrs": (True, True, False, True),
+    "rrc": (True, True, True, False),
+    "rrcs": (True, True, True, True),
+    "cpy": (False, True, True, False),
+    "re": None,  # dst = dst (op) src, locally
+    "nop": None,  # no data: a point to depend on
+}
+
+
+def load_msccl(path, *, elem_size: int = 4) -> Algorithm:
+    """Reads an MSCCL algorithm file; raises AlgorithmError naming the element that is wrong."""
+    source = str(path)
+    try:
+        root = ElementTree.fromstring(Path(path).read_text())
+    except ElementTree.ParseError as e:
+        raise AlgorithmError(f"{source}: not XML: {e}") from None
+    return _convert(root, source, elem_size)
+
+
+def _convert(root, source: str, elem_size: int) -> Algorithm:
+    def fail(where: str, what: str):
+        raise AlgorithmError(f"{source}: {where}: {what}")
+
+    def number(element, key: str, where: str, lowest: int = 0) -> int:
+        value = element.get(key)
+        if value is None:
+            fail(where, f"missing attribute {key!r}")
+        try:
+            parsed = int(value)
+        except ValueError:
+            fail(where, f"{key}={value!r} is not an integer")
+        if parsed < lowest:
+            fail(where, f"{key}={parsed} is below {lowest}")
+        return parsed
+
+    if root.tag != "algo":
+        fail("top level", f"<{root.tag}> where <algo> was expected")
+    ranks = number(root, "ngpus", "<algo>", 1)
+    coll = root.get("coll")
+    if coll not in COLLECTIVES:
+        fail("<algo>", f"coll={coll!r}: the importer takes {', '.join(COLLECTIVES)}")
+    collective = COLLECTIVES[coll]
+    chunks_per_loop = number(root, "nchunksperloop", "<algo>", 1)
+    in_place = number(root, "inplace", "<algo>") == 1
+    if root.get("outofplace") is not None and (number(root, "outofplace", "<algo>") == 1) == (
+        in_place
+    ):
+        fail("<algo>", "inplace and outofplace must disagree")
+
+    gpus = root.findall("gpu")
+    unknown = {child.tag for child in root} - {"gpu"}
+    if unknown:
+        fail("<algo>", f"unknown element(s) {', '.join(sorted(unknown))}")
+    ids = sorted(number(g, "id", "<gpu>") for g in gpus)
+    if ids != list(range(ranks)):
+        fail("<algo>", f"gpu ids {ids} are not 0..{ranks - 1} (ngpus={ranks})")
+
+    count = None
+    programs: list[RankProgram | None] = [None] * ranks
+    for gpu in gpus:
+        rank = number(gpu, "id", "<gpu>")
+        where = f"<gpu id={rank}>"
+        chunks = {b: number(gpu, f"{b}_chunks", where) for b in BUFFERS}
+        rank_count = _call_count(collective, ranks, chunks, in_place, where, fail)
+        if count is not None and rank_count != count:
+            fail(where, f"implies {rank_count} chunks per call, other ranks {count}")
+        count = rank_count
+        blocks = gpu.findall("tb")
+        if {child.tag for child in gpu} - {"tb"}:
+            fail(where, "only <tb> elements may be inside a <gpu>")
+        tb_ids = [number(tb, "id", f"{where} <tb>") for tb in blocks]
+        if tb_ids != list(range(len(blocks))):
+            fail(where, f"thread block ids {tb_ids} are not 0..{len(blocks) - 1} in order")
+        channels = [_channel(tb, rank, ranks, len(blocks), where, number, fail) for tb in blocks]
+        if not channels:
+            fail(where, "has no thread block")
+        programs[rank] = RankProgram(channels, scratch=chunks["s"])
+        if max(chunks["i"], chunks["o"]) > chunks_per_loop:
+            fail(where, f"a buffer has more chunks than nchunksperloop={chunks_per_loop}")
+    for rank, program in enumerate(programs):
+        for c, channel in enumerate(program.channels):
+            for i, step in enumerate(channel.steps):
+                for block, index in step.deps:
+                    if index >= len(program.channels[block].steps):
+                        fail(
+                            f"<gpu id={rank}> <tb id={c}> <step s={i}>",
+                            f"depends on step {index} of thread block {block}, which has "
+                            f"{len(program.channels[block].steps)} steps",
+                        )
+    return Algorithm(
+        name=root.get("name") or Path(source).stem,
+        collective=collective,
+        ranks=ranks,
+        count=count,
+        programs=programs,
+        in_place=in_place,
+        elem_size=elem_size,
+        slot_bytes=elem_size,  # a chunk per message
+    )
+
+
+def _call_count(collective, ranks, chunks, in_place, where, fail) -> int:
+    """The chunks of a call (per rank, or per block), from a gpu's buffer sizes."""
+    i, o = chunks["i"], chunks["o"]
+    if collective == "allreduce":
+        if o not in (0, i) or (o == 0 and not in_place):
+            fail(where, f"an allreduce needs o_chunks equal to i_chunks ({i}), or 0 in place")
+        return i
+    if collective == "allgather":
+        if o != ranks * i and not (in_place and i == 0):
+            fail(where, f"an allgather of {ranks} ranks needs o_chunks = {ranks} x i_chunks")
+        return i or o // ranks
+    if collective == "reduce_scatter":
+        if i != ranks * o and not (in_place and o == 0):
+            fail(where, f"a reduce_scatter of {ranks} ranks needs i_chunks = {ranks} x o_chunks")
+        return o or i // ranks
+    if i % ranks or o not in (0, i):
+        fail(where, f"an alltoall of {ranks} ranks needs i_chunks (a multiple of {ranks}) = o")
+    return i // ranks
+
+
+def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail) -> Channel:
+    tb_id = number(tb, "id", f"{where} <tb>")
+    at_tb = f"{where} <tb id={tb_id}>"
+    send, recv = number(tb, "send", at_tb, -1), number(tb, "recv", at_tb, -1)
+    for name, peer in (("send", send), ("recv", recv)):
+        if peer >= ranks or peer == rank:
+            fail(at_tb, f"{name}={peer} is not another rank of {ranks}")
+    tag = number(tb, "chan", at_tb)
+    steps = []
+    for index, element in enumerate(tb):
+        at = f"{at_tb} <step s={element.get('s')}>"
+        if element.tag != "step":
+            fail(at_tb, f"<{element.tag}> inside a thread block")
+        if number(element, "s", at) != index:
+            fail(at, f"steps must be numbered 0, 1, ... in order; this is the {index}th")
+        steps.append(_step(element, at, send, recv, tb_id, blocks, number, fail))
+    return Channel(steps, tag)
+
+
+def _step(element, at: str, send: int, recv: int, tb_id: int, blocks: int, number, fail) -> Step:
+    kind = element.get("type")
+    if kind not in STEP_TYPES:
+        fail(at, f"type={kind!r}: the importer takes {', '.join(STEP_TYPES)}")
+    cnt = number(element, "cnt", at, 0 if kind == "nop" else 1)
+
+    def span(prefix):
+        buffer = element.get(f"{prefix}buf")
+        if buffer not in BUFFERS:
+            fail(at, f"{prefix}buf={buffer!r}: use i, o or s")
+        return Span(BUFFERS[buffer], number(element, f"{prefix}off", at), cnt)
+
+    depid, deps = number(element, "depid", at, -1), number(element, "deps", at, -1)
+    if (depid < 0) != (deps < 0) or depid >= blocks or depid == tb_id:
+        fail(
+            at,
+            f"depid={depid} deps={deps}: a dependency names another thread block of this gpu "
+            f"(0..{blocks - 1}) and its step, or neither",
+        )
+    depends = [(depid, deps)] if depid >= 0 else []
+    if kind == "nop":
+        return Step(count=0, deps=depends)
+    if kind == "re":
+        return Step(kind="reduce", local=span("src"), dst=span("dst"), count=cnt, deps=depends)
+    receives, reads, writes, sends = STEP_TYPES[kind]
+    if receives and recv < 0:
+        fail(at, f"type={kind} receives, but the thread block has recv=-1")
+    if sends and send < 0:
+        fail(at, f"type={kind} sends, but the thread block has send=-1")
+    return Step(
+        recv=recv if receives else None,
+        send=send if sends else None,
+        local=span("src") if reads else None,
+        dst=span("dst") if writes else None,
+        count=cnt,
+        copy_sends=True,  # MSCCL's protocols copy into the peer's buffers
+        deps=depends,
+    )

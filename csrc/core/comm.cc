@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/algo/algorithms.h"
+#include "core/algo/validate.h"
 #include "core/common/config.h"
 #include "core/common/deadline.h"
 #include "core/common/error.h"
@@ -417,8 +418,10 @@ const Plan& Communicator::cached_plan(const PlanKey& key, Algorithm a, DataType 
 OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
                                    ReduceOp op, size_t out_bytes) const {
   const bool streaming = out_bytes >= config().streaming_bytes;
-  // alltoall's output size is each rank's own; its message lengths are checked.
-  const size_t agreed_bytes = std::strcmp(name, "alltoall") == 0 ? 0 : out_bytes;
+  // alltoall's and an outside Plan's output sizes are each rank's own (a
+  // gather's root has more); their message lengths are checked.
+  const bool own_sizes = std::strcmp(name, "alltoall") == 0 || std::strcmp(name, "plan") == 0;
+  const size_t agreed_bytes = own_sizes ? 0 : out_bytes;
   return OpContext{name,
                    seq,
                    rank_,
@@ -630,6 +633,15 @@ std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t co
   auto plan = std::make_shared<Plan>(algo::direct_scatter(plan_context(dtype), count, root));
   return submit("scatter", in, out, dtype, ReduceOp::Sum, bytes, async,
                 [plan]() -> const Plan& { return *plan; });
+}
+
+std::shared_ptr<Work> Communicator::run_plan(Plan plan, const void* in, size_t in_count, void* out,
+                                             size_t out_count, DataType dtype, ReduceOp op,
+                                             bool async) {
+  algo::validate(plan, rank_, size_, in_count, out_count);
+  auto shared = std::make_shared<Plan>(std::move(plan));
+  return submit("plan", in, out, dtype, op, out_count * element_size(dtype), async,
+                [shared]() -> const Plan& { return *shared; });
 }
 
 std::shared_ptr<Work> Communicator::send(const void* buf, size_t bytes, int peer, uint32_t tag,

@@ -98,6 +98,12 @@ class Communicator {
   // in (root only): size*count; out: count.
   std::shared_ptr<Work> scatter(const void* in, void* out, size_t count, DataType dtype, int root,
                                 bool async);
+  // A Plan from outside (weft.topo.run): validated against this rank's
+  // buffers (in_count and out_count elements of dtype), then run like any
+  // collective, in issue order. Every rank must run its rank's Plan of the
+  // same algorithm; ranks out of step fail as with built-in Plans.
+  std::shared_ptr<Work> run_plan(Plan plan, const void* in, size_t in_count, void* out,
+                                 size_t out_count, DataType dtype, ReduceOp op, bool async);
   std::shared_ptr<Work> send(const void* buf, size_t bytes, int peer, uint32_t tag, bool async);
   // Point-to-point calls do not wait for earlier collectives: they progress
   // on their own channel. peer < 0 receives from any rank; Work::source()

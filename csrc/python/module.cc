@@ -15,6 +15,7 @@
 #include "core/common/error.h"
 #include "errors.h"
 #include "fast_method.h"
+#include "plan_export.h"
 #include "schedule.h"
 #include "store.h"
 #include "topo.h"
@@ -279,6 +280,22 @@ class PyCommunicator {
         /*returns_source=*/true);
   }
 
+  py::object run_plan(const py::dict& plan, const py::object& buf, const py::object& out,
+                      const std::string& op, bool async_) {
+    ReduceOp rop = parse_reduce_op(op);
+    Plan p = import_plan(plan);
+    std::vector<BufferView> views;
+    views.emplace_back(buf, "buf", false);
+    views.emplace_back(out, "out", true);
+    check_same_dtype(views[0], views[1], "run_plan");
+    const BufferView& in = views[0];
+    const BufferView& dst = views[1];
+    return run(std::move(views), dst.object(), async_, [&] {
+      return comm_->run_plan(std::move(p), in.data(), in.count(), dst.data(), dst.count(),
+                             in.dtype(), rop, async_);
+    });
+  }
+
   void abort(const std::string& reason) { comm_->abort(reason); }
 
  private:
@@ -500,6 +517,12 @@ PYBIND11_MODULE(_C, m) {
            "trials of algorithm families (the first calls in each power-of-two range of sizes, "
            "where the tuner chooses; in-place calls have trials of their own; see "
            "docs/algorithms.md).")
+      .def("run_plan", &PyCommunicator::run_plan, py::arg("plan"), py::arg("buf"), py::arg("out"),
+           py::kw_only(), py::arg("op") = "sum", py::arg("async_") = false,
+           "Runs this rank's Plan (a dict in weft._C.topo.plan's form) on buf (input) and out, "
+           "after checking every peer and span against them; every rank runs its own rank's "
+           "Plan of one algorithm. weft.topo.run is the way in for an Algorithm. Returns out "
+           "(a Handle with async_).")
       .def("abort", &PyCommunicator::abort, py::arg("reason") = "abort() called",
            "Fails every pending and later operation here and on the peers.");
   for (auto def : {def_fast<kAllreduce>, def_fast<kReduceScatter>, def_fast<kAllgather>,

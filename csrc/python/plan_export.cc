@@ -2,6 +2,10 @@
 
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <string>
+#include <tuple>
+
 #include "core/algo/algorithms.h"
 #include "core/common/error.h"
 
@@ -61,7 +65,70 @@ py::dict export_plan(const Plan& plan) {
   return out;
 }
 
+template <typename T>
+T field(const py::dict& d, const char* key, const std::string& where) {
+  if (!d.contains(key)) throw InvalidArgument(where + ": missing '" + key + "'");
+  try {
+    return d[key].cast<T>();
+  } catch (const py::cast_error&) {
+    throw InvalidArgument(where + ": '" + key + "' has the wrong type");
+  }
+}
+
+std::optional<Span> import_span(const py::dict& d, const char* key, const std::string& where) {
+  if (!d.contains(key) || d[key].is_none()) return std::nullopt;
+  const auto t = field<std::tuple<std::string, size_t, size_t>>(d, key, where);
+  const std::string& b = std::get<0>(t);
+  if (b != "input" && b != "output" && b != "scratch") {
+    throw InvalidArgument(where + ": " + key + " names buffer '" + b +
+                          "': use input, output or scratch");
+  }
+  const Buf buf = b == "input" ? Buf::Input : b == "output" ? Buf::Output : Buf::Scratch;
+  return Span{buf, std::get<1>(t), std::get<2>(t)};
+}
+
+int import_peer(const py::dict& d, const char* key, const std::string& where) {
+  if (!d.contains(key) || d[key].is_none()) return -1;
+  const int peer = field<int>(d, key, where);
+  if (peer < 0) throw InvalidArgument(where + ": " + key + " peer " + std::to_string(peer));
+  return peer;
+}
+
 }  // namespace
+
+Plan import_plan(const py::dict& d) {
+  Plan plan;
+  plan.algorithm = field<std::string>(d, "algorithm", "plan");
+  plan.scratch_count = field<size_t>(d, "scratch", "plan");
+  const auto steps = field<py::list>(d, "steps", "plan");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string where = "plan step " + std::to_string(i);
+    const auto s = steps[i].cast<py::dict>();
+    Step step;
+    const auto kind = field<std::string>(s, "kind", where);
+    if (kind == "fused") {
+      step.kind = Step::Kind::Fused;
+    } else if (kind == "exchange") {
+      step.kind = Step::Kind::Exchange;
+    } else if (kind == "local_reduce") {
+      step.kind = Step::Kind::LocalReduce;
+    } else {
+      throw InvalidArgument(where + ": kind '" + kind +
+                            "': the executor runs fused, exchange and local_reduce steps");
+    }
+    step.recv_peer = import_peer(s, "recv", where);
+    step.send_peer = import_peer(s, "send", where);
+    step.local = import_span(s, "local", where);
+    step.dst = import_span(s, "dst", where);
+    step.operand = import_span(s, "operand", where);
+    step.count = field<size_t>(s, "count", where);
+    step.finalize = s.contains("finalize") && field<bool>(s, "finalize", where);
+    step.wait_sends = s.contains("wait_sends") && field<bool>(s, "wait_sends", where);
+    step.copy_sends = s.contains("copy_sends") && field<bool>(s, "copy_sends", where);
+    plan.steps.push_back(step);
+  }
+  return plan;
+}
 
 Plan build_plan(const PlanRequest& q) {
   const size_t ranks = static_cast<size_t>(q.size);

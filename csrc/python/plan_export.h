@@ -1,6 +1,8 @@
-// weft._C.topo.plan: one rank's Plan of a built-in algorithm as Python data,
-// for weft.topo to inspect and check every generator. build_plan() is the
-// one place the bindings turn (collective, family, world) into a Plan.
+// Plans as Python data, both ways: weft._C.topo.plan gives one rank's Plan
+// of a built-in algorithm as a dict, for weft.topo to inspect and check;
+// import_plan() turns such a dict back into a Plan for Communicator.run_plan.
+// build_plan() is the one place the bindings turn (collective, family,
+// world) into a Plan.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -30,6 +32,11 @@ struct PlanRequest {
 
 // Throws InvalidArgument for an unknown name or lists of the wrong length.
 Plan build_plan(const PlanRequest& request);
+
+// The dict weft._C.topo.plan returns (or one in its form) back into a Plan;
+// throws InvalidArgument naming the key that is missing or malformed. What
+// the steps say is checked later, against the buffers (algo::validate).
+Plan import_plan(const pybind11::dict& plan);
 
 void bind_plan_export(pybind11::module_& topo);
 

@@ -35,7 +35,7 @@ struct Step {
     // `dst` is received from recv_peer (all-to-all, gather), or, when
     // `operand` is set, dst = received (op) operand (recursive doubling and
     // halving). A side whose span is empty still sends (or awaits) one empty
-    // message. dst may be operand, but neither may overlap `local`.
+    // message. dst may be operand (and operand local); dst may not overlap `local`.
     Exchange,
     // No communication: `local` holds size() blocks of `count` elements and
     // dst = block 0 (op) block 1 (op) ... in that order.

@@ -13,6 +13,7 @@ True
 - ``load_msccl`` (msccl.py): MSCCL's algorithm XML as an Algorithm, thread blocks as channels.
 - ``check`` (check.py): symbolic execution of an Algorithm: contributions, placement, bounds,
   finite buffering, deadlocks.
+- ``run`` (run.py): an Algorithm that passes the checker, on a Communicator's real ranks.
 - The tuner's cost model (cost.py): ``Topology``, ``CostModel``, ``predict``, ``choose``, ...
 """
 
@@ -39,6 +40,7 @@ from weft.topo.cost import (
     save_cost_model,
 )
 from weft.topo.msccl import load_msccl
+from weft.topo.run import run
 
 __all__ = [
     "FAMILIES",
@@ -62,5 +64,6 @@ __all__ = [
     "load_cost_model",
     "load_msccl",
     "predict",
+    "run",
     "save_cost_model",
 ]

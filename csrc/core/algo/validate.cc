@@ -1,0 +1,82 @@
+#include "core/algo/validate.h"
+
+#include <string>
+
+#include "core/common/error.h"
+
+namespace weft::algo {
+namespace {
+
+const char* name_of(Buf b) {
+  switch (b) {
+    case Buf::Input: return "input";
+    case Buf::Output: return "output";
+    case Buf::Scratch: return "scratch";
+  }
+  return "?";
+}
+
+bool overlap(const Span& a, const Span& b) {
+  return a.buf == b.buf && a.offset < b.offset + b.count && b.offset < a.offset + a.count;
+}
+
+}  // namespace
+
+void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_count) {
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
+    const auto fail = [&](const std::string& what) {
+      throw InvalidArgument("plan '" + plan.algorithm + "' on rank " + std::to_string(rank) +
+                            ", step " + std::to_string(i) + ": " + what);
+    };
+    for (int peer : {s.recv_peer, s.send_peer}) {
+      if (peer >= size || peer == rank || peer < -1) {
+        fail("peer " + std::to_string(peer) + " is not another rank of " + std::to_string(size));
+      }
+    }
+    for (const std::optional<Span>* span : {&s.local, &s.dst, &s.operand}) {
+      if (!*span) continue;
+      const Span& sp = **span;
+      const size_t limit = sp.buf == Buf::Input    ? in_count
+                           : sp.buf == Buf::Output ? out_count
+                                                   : plan.scratch_count;
+      if (sp.offset > limit || sp.count > limit - sp.offset) {
+        fail(std::string(name_of(sp.buf)) + "[" + std::to_string(sp.offset) + ":" +
+             std::to_string(sp.offset + sp.count) + "] lies outside " + name_of(sp.buf) + " (" +
+             std::to_string(limit) + " elements)");
+      }
+    }
+    switch (s.kind) {
+      case Step::Kind::Fused:
+        if (s.operand) fail("a fused step has no operand");
+        for (const std::optional<Span>* span : {&s.local, &s.dst}) {
+          if (*span && (*span)->count != s.count) fail("a span's length differs from the step's");
+        }
+        if (s.count > 0 && ((s.recv_peer < 0 && !s.local) || (s.send_peer < 0 && !s.dst))) {
+          fail("a fused step needs data (a peer to receive from, or local) and a use for it");
+        }
+        break;
+      case Step::Kind::Exchange:
+        if (s.recv_peer < 0 && s.send_peer < 0) fail("an exchange needs a peer");
+        if ((s.send_peer < 0 && s.local && s.local->count > 0) ||
+            (s.recv_peer < 0 && s.dst && s.dst->count > 0)) {
+          fail("an exchange's local needs a peer to send to, and its dst one to receive from");
+        }
+        if (s.operand && (!s.dst || s.operand->count != s.dst->count || s.recv_peer < 0)) {
+          fail("an operand needs a dst of its length and a peer to receive from");
+        }
+        if (s.local && s.dst && overlap(*s.local, *s.dst)) {
+          fail("an exchange's dst may not overlap what it sends");
+        }
+        break;
+      case Step::Kind::LocalReduce:
+        if (!s.local || !s.dst || s.count == 0 || s.dst->count != s.count ||
+            s.local->count % s.count != 0) {
+          fail("a local reduce needs local of whole blocks of count elements and a dst of count");
+        }
+        break;
+    }
+  }
+}
+
+}  // namespace weft::algo

@@ -1,0 +1,18 @@
+// Checks a Plan that did not come from weft's generators (weft.topo.run)
+// before the executor runs it: every peer, span and count must make sense
+// for this rank's buffers, or the executor would read or write outside them.
+#pragma once
+
+#include <cstddef>
+
+#include "core/algo/plan.h"
+
+namespace weft::algo {
+
+// Throws InvalidArgument naming the step and what is wrong: a peer outside
+// [0, size) or the rank itself, a span outside Input (in_count elements),
+// Output (out_count) or Scratch (plan.scratch_count), lengths a step's form
+// does not allow, or an Exchange that receives into what it sends.
+void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_count);
+
+}  // namespace weft::algo

@@ -1,0 +1,159 @@
+"""topo.run: an Algorithm on real ranks, through the same executor as weft's own collectives.
+
+Every rank calls ``topo.run(algo, comm, buf, out)`` with its own buffers, like a collective. The
+Algorithm is first checked for the communicator's connections (its slice and slots), so what
+runs has been shown right and free of deadlocks there; then each rank's steps go to the executor
+(``Communicator.run_plan``), which checks every peer and span against the rank's buffers again.
+Buffers may be any whole multiple of the Algorithm's sizes: each element of the Algorithm then
+stands for that many (an MSCCL chunk becomes a block of the buffer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from weft.topo.algorithm import Algorithm, AlgorithmError, Span
+from weft.topo.check import check
+
+RUNNABLE = ("fused", "exchange", "local_reduce")
+
+
+def scaled(algo: Algorithm, factor: int) -> Algorithm:
+    """The same Algorithm with every element standing for ``factor`` elements."""
+    if factor == 1:
+        return algo
+
+    def span(s: Span | None) -> Span | None:
+        return None if s is None else Span(s.buffer, s.offset * factor, s.count * factor)
+
+    programs = []
+    for program in algo.programs:
+        channels = [
+            replace(
+                ch,
+                steps=[
+                    replace(
+                        s,
+                        local=span(s.local),
+                        dst=span(s.dst),
+                        operand=span(s.operand),
+                        count=s.count * factor,
+                    )
+                    for s in ch.steps
+                ],
+            )
+            for ch in program.channels
+        ]
+        programs.append(replace(program, channels=channels, scratch=program.scratch * factor))
+    return replace(algo, programs=programs, count=algo.count * factor)
+
+
+def plan_of(algo: Algorithm, rank: int) -> dict:
+    """Rank ``rank``'s steps in the form Communicator.run_plan takes."""
+    program = algo.programs[rank]
+    if len(program.channels) != 1:
+        raise AlgorithmError(
+            f"{algo.name}: rank {rank} has {len(program.channels)} channels; the executor runs "
+            "one channel per rank (the checker runs more)"
+        )
+    steps = []
+    for i, s in enumerate(program.channels[0].steps):
+        if s.kind not in RUNNABLE or s.deps:
+            raise AlgorithmError(
+                f"{algo.name}: rank {rank} step {i} ({s.name}): the executor runs "
+                f"{', '.join(RUNNABLE)} steps without deps"
+            )
+        steps.append(
+            {
+                "kind": s.kind,
+                "recv": s.recv,
+                "send": s.send,
+                "local": None
+                if s.local is None
+                else (s.local.buffer, s.local.offset, s.local.count),
+                "dst": None if s.dst is None else (s.dst.buffer, s.dst.offset, s.dst.count),
+                "operand": None
+                if s.operand is None
+                else (s.operand.buffer, s.operand.offset, s.operand.count),
+                "count": s.count,
+                "finalize": s.finalize,
+                "wait_sends": s.wait_sends,
+                "copy_sends": s.copy_sends,
+            }
+        )
+    return {"algorithm": algo.name, "scratch": program.scratch, "steps": steps}
+
+
+def connection_geometry(comm) -> tuple[int, int]:
+    """(slots, slot_bytes) of the communicator's connections: the world's slice, and as many
+    of them as a step's budget (half the slots' bytes) implies."""
+    topology = comm.topology
+    return max(1, 2 * topology.step_bytes // topology.slice_bytes), topology.slice_bytes
+
+
+def run(algo: Algorithm, comm, buf, out, *, op: str = "sum", async_: bool = False):
+    """Runs ``algo`` on ``comm``'s ranks: ``buf`` is this rank's input, ``out`` its output (the
+    same array, or views of one, where the Algorithm is in place). Returns ``out``, or a Handle
+    with ``async_``. Raises AlgorithmError when the Algorithm does not fit the world or fails
+    the checker for the communicator's connections."""
+    if algo.ranks != comm.size:
+        raise AlgorithmError(
+            f"{algo.name} is for {algo.ranks} ranks; the communicator has {comm.size}"
+        )
+    if op == "avg" and not algo.avg:
+        raise AlgorithmError(
+            f"{algo.name} has no finalize steps: make it with avg=True to run op='avg'"
+        )
+    rank = comm.rank
+    sizes = algo.buffer_counts(rank)
+    inputs, outputs = np.asarray(buf), np.asarray(out)
+    factor = _factor(algo, inputs.size, outputs.size, sizes)
+    _check_layout(algo, rank, inputs, outputs, factor)
+    elem_size = inputs.dtype.itemsize
+    slots, slot_bytes = connection_geometry(comm)
+    algo_here = scaled(replace(algo, elem_size=elem_size), factor)
+    report = check(
+        replace(algo, elem_size=elem_size),
+        slots=slots,
+        slot_bytes=max(elem_size, slot_bytes // factor // elem_size * elem_size),
+    )
+    if not report.ok:
+        raise AlgorithmError(
+            f"{algo.name} fails the checker for this communicator's "
+            f"connections ({slots} slots of {slot_bytes} bytes):\n{report}"
+        )
+    return comm.run_plan(plan_of(algo_here, rank), buf, out, op=op, async_=async_)
+
+
+def _factor(algo: Algorithm, in_count: int, out_count: int, sizes: dict) -> int:
+    """How many buffer elements each of the Algorithm's elements stands for: the same whole
+    number for input and output (a buffer the Algorithm does not use must be empty)."""
+    factors = set()
+    for n, want in ((in_count, sizes["input"]), (out_count, sizes["output"])):
+        if want == 0 and n != 0 or want and n % want:
+            factors.add(0)
+        elif want:
+            factors.add(n // want)
+    if len(factors) > 1 or 0 in factors:
+        raise AlgorithmError(
+            f"{algo.name}: buffers of {in_count} and {out_count} elements are not one whole "
+            f"multiple of its {sizes['input']} and {sizes['output']}"
+        )
+    return factors.pop() if factors else 1
+
+
+def _check_layout(algo: Algorithm, rank: int, inputs, outputs, factor: int) -> None:
+    """In place, the input must lie where the Algorithm assumes it does in the output."""
+    offset = algo.in_place_offset(rank)
+    if offset is None:
+        return
+    inner, outer = (outputs, inputs) if algo.collective == "reduce_scatter" else (inputs, outputs)
+    start = inner.__array_interface__["data"][0] - outer.__array_interface__["data"][0]
+    if start != offset * factor * outer.dtype.itemsize:
+        raise AlgorithmError(
+            f"{algo.name} is in place: on rank {rank} the "
+            f"{'output' if inner is outputs else 'input'} must be the view at element "
+            f"{offset * factor} of the {'input' if inner is outputs else 'output'}"
+        )

@@ -149,18 +149,15 @@ def contains_run(lines: list[str], run: list[str]) -> bool:
     return any(lines[i : i + len(run)] == run for i in range(len(lines) - len(run) + 1))
 
 
-def example_command(example: Path) -> list[str]:
+def example_command(example: Path, path: str) -> list[str]:
     """The command an example's docstring gives on its first line, after the colon:
-    ``torchrun --nproc-per-node N examples/x.py`` or ``python examples/x.py``."""
+    ``torchrun --nproc-per-node N <path>`` or ``python <path>``, ``path`` being where the
+    example lies in the repository (examples/x.py)."""
     first = example.read_text().split('"""')[1].splitlines()[0]
     command = first.rpartition(": ")[2].split()
-    if (
-        not command
-        or command[0] not in ("torchrun", "python")
-        or command[-1] != (f"examples/{example.name}")
-    ):
+    if not command or command[0] not in ("torchrun", "python") or command[-1] != path:
         raise ValueError(
-            f"{example}: the docstring's first line must end with ': torchrun ... "
-            f"examples/{example.name}' or ': python examples/{example.name}'"
+            f"{example}: the docstring's first line must end with ': torchrun ... {path}' or "
+            f"': python {path}'"
         )
     return command

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
 README_MAX_LINES = 250
 
 
@@ -59,7 +59,7 @@ def test_every_readme_python_snippet_lives_in_an_example():
 def test_every_example_names_its_command(example):
     if example.name == "train_digits.py":  # its docstring gives two commands
         return
-    doc_checks.example_command(example)
+    doc_checks.example_command(example, example.relative_to(ROOT).as_posix())
 
 
 # ---- the checks fail where they must -----------------------------------------------------------
@@ -109,7 +109,9 @@ def test_a_snippet_that_drifted_from_its_example_is_reported(tmp_path):
     found, problems = doc_checks.snippet_sources(readme, [example])
     assert found == {2: example}
     assert len(problems) == 1 and problems[0].startswith("README.md:7:"), problems
-    assert doc_checks.example_command(example) == ["python", "examples/use.py"]
+    assert doc_checks.example_command(example, "examples/use.py") == ["python", "examples/use.py"]
+    with pytest.raises(ValueError, match="first line"):
+        doc_checks.example_command(example, "examples/topo/use.py")
     example.write_text('"""No command here."""\n')
     with pytest.raises(ValueError, match="first line"):
-        doc_checks.example_command(example)
+        doc_checks.example_command(example, "examples/use.py")

@@ -15,7 +15,7 @@ import pytest
 import weft
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.py")) if p.name != "train_digits.py"]
+EXAMPLES = [p for p in sorted((ROOT / "examples").rglob("*.py")) if p.name != "train_digits.py"]
 
 
 def launch_argv(command: list[str]) -> list[str]:
@@ -28,7 +28,7 @@ def launch_argv(command: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs_as_its_docstring_says(example):
-    command = doc_checks.example_command(example)
+    command = doc_checks.example_command(example, example.relative_to(ROOT).as_posix())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         launch_argv(command), cwd=ROOT, env=env, capture_output=True, text=True, timeout=180

@@ -278,3 +278,41 @@ def test_the_command_line_exports_and_checks_files(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{good}: tree on 6 ranks: ok" in out and f"{bad}: tree on 6 ranks:" in out
     assert "rank 3" in out.split(str(bad))[1]
+
+
+# ---- the DSL ----------------------------------------------------------------------------------
+
+
+def swap_program(copy_after_the_reduction: bool) -> topo.Algorithm:
+    """Two channels per rank: channel 1 swaps and adds, channel 0 copies the sum out once a
+    step of channel 1 is done (the reduction, or by mistake the send)."""
+    p = topo.Program("allreduce", ranks=2, count=4, name="swap")
+    for r in (0, 1):
+        sent = p.send(r, to=1 - r, src=p.input[0:4], channel=1)
+        reduced = p.recv_reduce(r, frm=1 - r, src=p.input[0:4], dst=p.scratch[2:6], channel=1)
+        after = reduced if copy_after_the_reduction else sent
+        p.copy(r, p.scratch[2:6], p.output[0:4], after=after, channel=0)
+    return p.algorithm()
+
+
+def test_a_program_writes_an_algorithm_step_by_step():
+    algo = swap_program(copy_after_the_reduction=True)
+    assert [len(prog.channels) for prog in algo.programs] == [2, 2]
+    assert algo.programs[0].scratch == 6
+    assert algo.programs[1].channels[0].steps[0].deps == [(1, 1)]
+    assert topo.check(algo).ok
+    report = topo.check(swap_program(copy_after_the_reduction=False))
+    assert not report.ok and "reads scratch[2] before any step wrote it" in str(report)
+
+
+def test_a_program_refuses_what_makes_no_sense():
+    p = topo.Program("allreduce", ranks=2, count=4, name="bad")
+    other = p.send(1, to=0, src=p.input[0:4])
+    with pytest.raises(topo.AlgorithmError, match="rank 0 cannot wait for a step of rank 1"):
+        p.recv(0, frm=1, dst=p.output[0:4], after=other)
+    with pytest.raises(topo.AlgorithmError, match="unknown option"):
+        p.copy(0, p.input[0:4], p.output[0:4], wait=True)
+    with pytest.raises(topo.AlgorithmError, match="rank 2 channel 0: not in a world of 2"):
+        p.copy(2, p.input[0:4], p.output[0:4])
+    with pytest.raises(topo.AlgorithmError, match="consecutive elements"):
+        p.input[0:4:2]

@@ -9,6 +9,7 @@ True
 
 - ``Algorithm`` (algorithm.py): a collective written out as every rank's channels of steps;
   ``algo.save(path)``, ``topo.load(path)``.
+- ``Program`` (dsl.py): a small language to write an Algorithm by hand, a method per step kind.
 - ``builtin`` (builtin.py): any built-in family's Plans as an Algorithm.
 - ``load_msccl`` (msccl.py): MSCCL's algorithm XML as an Algorithm, thread blocks as channels.
 - ``check`` (check.py): symbolic execution of an Algorithm: contributions, placement, bounds,
@@ -39,6 +40,7 @@ from weft.topo.cost import (
     predict,
     save_cost_model,
 )
+from weft.topo.dsl import Program, StepRef
 from weft.topo.msccl import load_msccl
 from weft.topo.run import run
 
@@ -51,10 +53,12 @@ __all__ = [
     "CostModel",
     "LinkCost",
     "Problem",
+    "Program",
     "RankProgram",
     "Report",
     "Span",
     "Step",
+    "StepRef",
     "Topology",
     "algorithms_for",
     "builtin",

@@ -305,6 +305,26 @@ def test_a_program_writes_an_algorithm_step_by_step():
     assert not report.ok and "reads scratch[2] before any step wrote it" in str(report)
 
 
+def staged_sum(ordered: bool) -> topo.Algorithm:
+    """Channel 0 stages the rank's input while channel 1 swaps with the peer and adds both:
+    right only where the addition waits for the staging."""
+    p = topo.Program("allreduce", ranks=2, count=4, name="staged")
+    for r in (0, 1):
+        staged = p.copy(r, p.input[0:4], p.scratch[4:8])
+        p.send(r, to=1 - r, src=p.input[0:4], channel=1)
+        p.recv(r, frm=1 - r, dst=p.scratch[0:4], channel=1)
+        after = staged if ordered else ()
+        p.local_reduce(r, p.scratch[0:8], p.output[0:4], after=after, channel=1)
+    return p.algorithm()
+
+
+def test_channels_of_a_rank_that_touch_one_element_unordered_are_a_race():
+    assert topo.check(staged_sum(ordered=True)).ok
+    (error,) = topo.check(staged_sum(ordered=False)).errors  # the order run here got it right
+    assert (error.channel, error.step_name) == (1, "local_reduce")
+    assert "reads scratch[4], which channel 0 also touches with nothing ordering" in error.text
+
+
 def test_a_program_refuses_what_makes_no_sense():
     p = topo.Program("allreduce", ranks=2, count=4, name="bad")
     other = p.send(1, to=0, src=p.input[0:4])

@@ -132,9 +132,17 @@ class _Run:
         self.longest = max([1] + [n for s in self.sizes for n in s.values()])
         self.connections: dict[tuple[int, int, int], _Connection] = {}
         self.memory = [self._initial_memory(r) for r in range(algo.ranks)]
-        # Happens-before between ranks: a vector clock per rank, advanced by every send and
-        # receive. A send by reference is safe to overwrite once its reading happened before.
-        self.clock = [[0] * algo.ranks for _ in range(algo.ranks)]
+        # Happens-before: a vector clock per channel of every rank ("thread"), advanced by every
+        # step, send and receive, merged by receives, dependencies and wait_sends. A send by
+        # reference is safe to overwrite once its reading happened before; two channels of a
+        # rank that touch the same element, one of them writing, must be ordered.
+        self.threads = [(r, c) for r, p in enumerate(algo.programs) for c in range(len(p.channels))]
+        self.thread = {rc: t for t, rc in enumerate(self.threads)}
+        self.clock = [[0] * len(self.threads) for _ in self.threads]
+        self.step_clock: dict[tuple[int, int, int], list] = {}  # (r, c, i) -> clock when done
+        self.races = len(self.threads) > algo.ranks  # some rank has several channels
+        self.last_write: dict = {}  # (rank, location) -> (thread, its clock then)
+        self.reads_since: dict = {}  # (rank, location) -> {thread: its clock then}
         self.by_reference: list[dict] = [{} for _ in range(algo.ranks)]  # location -> messages
         self.since_wait: list[list] = [[] for _ in range(algo.ranks)]  # by reference, since
         self.done = [[0] * len(p.channels) for p in algo.programs]  # steps finished
@@ -196,6 +204,8 @@ class _Run:
         values = []
         for i in range(span.offset + start, span.offset + start + n):
             store, index = self.location(r, span.buffer, i)
+            if self.races:
+                self.check_race(r, (store, index), f"reads {span.buffer}[{i}]", False, at)
             value = self.memory[r][store][index]
             if value is None:
                 self.error(f"reads {span.buffer}[{i}] before any step wrote it", *at, fatal=True)
@@ -208,7 +218,31 @@ class _Run:
             where = self.location(r, span.buffer, i)
             for message in self.by_reference[r].pop(where, ()):
                 self.check_read_before(r, span.buffer, i, message, at)
+            if self.races:
+                self.check_race(r, where, f"writes {span.buffer}[{i}]", True, at)
             self.memory[r][where[0]][where[1]] = value
+
+    def check_race(self, r: int, where, what: str, writes: bool, at) -> None:
+        """Two channels of rank r touch one element, at least one writing, with nothing that
+        orders them (a dependency, or messages that make one follow the other)."""
+        t = self.thread[(r, at[1])]
+        clock, key = self.clock[t], (r, where)
+        earlier = [self.last_write.get(key)]
+        if writes:
+            earlier += list(self.reads_since.get(key, {}).items())
+        for other in earlier:
+            if other is not None and other[0] != t and clock[other[0]] < other[1]:
+                self.error(
+                    f"{what}, which channel {self.threads[other[0]][1]} also touches with "
+                    "nothing ordering the two (add a dependency)",
+                    *at,
+                    fatal=True,
+                )
+        if writes:
+            self.last_write[key] = (t, clock[t])
+            self.reads_since[key] = {}
+        else:
+            self.reads_since.setdefault(key, {})[t] = clock[t]
 
     def check_read_before(self, r: int, buffer: str, i: int, message: _Message, at) -> None:
         """A step may overwrite memory an earlier send referenced only once that send's reading
@@ -221,10 +255,10 @@ class _Run:
                 fatal=True,
             )
         reader, when = message.read_at
-        if self.clock[r][reader] < when:
+        if self.clock[self.thread[(r, at[1])]][reader] < when:
             self.error(
-                f"overwrites {buffer}[{i}], which rank {reader} reads by reference with "
-                f"nothing ordering that read first {fix}",
+                f"overwrites {buffer}[{i}], which rank {self.threads[reader][0]} reads by "
+                f"reference with nothing ordering that read first {fix}",
                 *at,
                 fatal=True,
             )
@@ -342,6 +376,7 @@ class _Run:
 
     def channel_steps(self, r: int, c: int):
         steps = self.algo.programs[r].channels[c].steps
+        clock = self.clock[self.thread[(r, c)]]
         for i, s in enumerate(steps):
             at = (r, c, i)
             for dc, di in s.deps:
@@ -350,6 +385,9 @@ class _Run:
                     f"waits for its channel {dc} to finish step {di}",
                     (r,),
                 )
+                if self.races:  # a step of its own channel is ordered already
+                    clock[:] = [max(a, b) for a, b in zip(clock, self.step_clock[(r, dc, di)])]
+            clock[self.thread[(r, c)]] += 1
             if s.wait_sends:
                 yield _Wait(
                     lambda: all(m.read_at for _, m in self.since_wait[r]),
@@ -358,7 +396,7 @@ class _Run:
                 )
                 for _, message in self.since_wait[r]:  # the transport said so: happens-before
                     reader, when = message.read_at
-                    self.clock[r][reader] = max(self.clock[r][reader], when)
+                    clock[reader] = max(clock[reader], when)
                 self.since_wait[r].clear()
             if s.kind == "fused":
                 yield from self.fused(r, c, i, s, at)
@@ -371,14 +409,17 @@ class _Run:
                 self.write(r, s.dst, 0, self.divide(values, s), at)
             else:
                 self.local_reduce(r, s, at)
+            if self.races:
+                self.step_clock[at] = clock[:]
             self.done[r][c] = i + 1
 
     def unread_peers(self, r: int) -> tuple[int, ...]:
         return tuple(sorted({q for q, m in self.since_wait[r] if m.read_at is None}))
 
     def post(self, r: int, c: int, i: int, peer: int, values: list, refs: list | None) -> None:
-        self.clock[r][r] += 1
-        message = _Message(values, c, i, refs, self.clock[r][:])
+        t = self.thread[(r, c)]
+        self.clock[t][t] += 1
+        message = _Message(values, c, i, refs, self.clock[t][:])
         if refs:
             for where in refs:
                 self.by_reference[r].setdefault(where, []).append(message)
@@ -388,10 +429,11 @@ class _Run:
 
     def take(self, sender: int, r: int, c: int, n: int, at) -> list:
         message = self.connection(sender, r, self.tag(r, c)).queue.popleft()
-        clock = self.clock[r]
+        t = self.thread[(r, c)]
+        clock = self.clock[t]
         clock[:] = [max(a, b) for a, b in zip(clock, message.clock)]
-        clock[r] += 1
-        message.read_at = (r, clock[r])
+        clock[t] += 1
+        message.read_at = (t, clock[t])
         if len(message.values) != n:
             self.error(
                 f"expects {n} elements from rank {sender}, whose step {message.sender_step} "

@@ -86,6 +86,10 @@ class Program:
     def copy(self, rank, src, dst, **options) -> StepRef:
         return self._add(rank, options, local=src, dst=dst)
 
+    def local_reduce(self, rank, src, dst, **options) -> StepRef:
+        """dst = the reduction of the blocks of ``src``, each as long as ``dst``."""
+        return self._add(rank, options, kind="local_reduce", local=src, dst=dst, count=dst.count)
+
     def reduce(self, rank, src, dst, **options) -> StepRef:
         """dst = dst (op) src, locally (the checker runs it; the executor has no such step)."""
         return self._add(rank, options, kind="reduce", local=src, dst=dst)

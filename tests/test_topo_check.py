@@ -336,3 +336,82 @@ def test_a_program_refuses_what_makes_no_sense():
         p.copy(2, p.input[0:4], p.output[0:4])
     with pytest.raises(topo.AlgorithmError, match="consecutive elements"):
         p.input[0:4:2]
+
+
+# ---- the executor's corners -------------------------------------------------------------------
+
+
+def one_step(step: Step, scratch: int = 8) -> topo.Algorithm:
+    """A 2-rank allreduce whose rank 0 has one extra step in front (rank 1 mirrors nothing)."""
+    algo = hand_written(whole_pairwise_sum)
+    algo.programs[0].channels[0].steps.insert(0, step)
+    algo.programs[0].scratch = scratch
+    return algo
+
+
+@pytest.mark.parametrize(
+    "step,message",
+    [
+        (
+            Step(
+                kind="exchange",
+                send=1,
+                recv=1,
+                local=Span("input", 0, 4),
+                dst=Span("scratch", 0, 4),
+                finalize=True,
+            ),
+            "divides (finalize) only with an operand",
+        ),
+        (
+            Step(
+                kind="exchange",
+                local=Span("input", 0, 4),
+                dst=Span("scratch", 0, 4),
+                operand=Span("input", 0, 4),
+                send=1,
+            ),
+            "its dst one to receive from",
+        ),
+        (
+            Step(
+                kind="local_reduce", local=Span("input", 0, 4), dst=Span("scratch", 0, 4), count=4
+            ),
+            "two or more blocks",
+        ),
+        (
+            Step(
+                kind="local_reduce", local=Span("scratch", 0, 8), dst=Span("scratch", 4, 2), count=2
+            ),
+            "overlaps a block it has yet to read",
+        ),
+        (
+            Step(local=Span("output", 0, 4), dst=Span("input", 0, 4), count=4),
+            "writes into the input",
+        ),
+        (Step(send=5, local=Span("input", 0, 4), count=4), "send peer 5 is not another rank"),
+        (Step(kind="jump", count=1), "kind 'jump'"),
+    ],
+)
+def test_steps_the_executor_would_run_otherwise_are_refused(step, message):
+    report = topo.check(one_step(step, scratch=12))
+    assert not report.ok and message in str(report.errors[0]), report
+
+
+def test_a_larger_buffer_is_checked_as_the_executor_cuts_it():
+    """Both ranks send 4 elements, then receive: fine while a step fits the slots, a deadlock
+    once each element stands for more than the slots hold."""
+    algo = hand_written(whole_pairwise_sum)
+    assert topo.check(algo, slots=2, slot_bytes=16).ok
+    assert topo.check(algo, slots=2, slot_bytes=16, scale=2).ok  # 4 messages of 2 x 2 x 4 bytes
+    (error,) = topo.check(algo, slots=2, slot_bytes=16, scale=3).errors  # 3 messages each
+    assert error.text.startswith("deadlock: rank 0 channel 0 step 0 waits for room to send")
+
+
+def test_a_file_with_keys_the_checker_does_not_know_is_refused(tmp_path):
+    data = ring().to_json()
+    data["programs"][0]["channels"][0]["steps"][0]["wait_send"] = True  # a typo
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(topo.AlgorithmError, match="step 0: unknown key.s. wait_send"):
+        topo.load(path)

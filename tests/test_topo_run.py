@@ -122,10 +122,21 @@ def case_refusals(ctx):
         with pytest.raises(topo.AlgorithmError) as e:
             topo.run(algo, comm, *buffers)
         messages.append(str(e.value).splitlines()[0])
-    bad = plan_of(topo.builtin("allreduce", "ring", n, count=2 * n), r)
-    bad["steps"][0]["local"] = ("input", 2 * n, 1)
-    with pytest.raises(weft.InvalidArgument, match=r"step 0: input\[.*\] lies outside input"):
-        comm.run_plan(bad, x, out)
+    ring = plan_of(topo.builtin("allreduce", "ring", n, count=2 * n), r)
+    for edit, error in (
+        (lambda p: p["steps"][0].update(local=("input", 2 * n, 1)), r"input\[.*\] lies outside"),
+        (lambda p: p.update(scratch=2**62 + 1), "beyond memory"),
+        (
+            lambda p: p["steps"][-1].update(dst=("input", 0, p["steps"][-1]["count"])),
+            "writes into the input",
+        ),
+        (lambda p: p["steps"][0].update(deps=[[0, 0]]), "knows no 'deps'"),
+        (lambda p: p["steps"][0].update(copy_sends=1), "'copy_sends' has the wrong type"),
+    ):
+        bad = {**ring, "steps": [dict(s) for s in ring["steps"]]}
+        edit(bad)
+        with pytest.raises(weft.InvalidArgument, match=error):
+            comm.run_plan(bad, x, out)
     comm.allreduce(x)
     messages.append(bool(np.all(x == n)))
     return messages

@@ -638,7 +638,7 @@ std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t co
 std::shared_ptr<Work> Communicator::run_plan(Plan plan, const void* in, size_t in_count, void* out,
                                              size_t out_count, DataType dtype, ReduceOp op,
                                              bool async) {
-  algo::validate(plan, rank_, size_, in_count, out_count);
+  algo::validate(plan, rank_, size_, in_count, out_count, element_size(dtype));
   auto shared = std::make_shared<Plan>(std::move(plan));
   return submit("plan", in, out, dtype, op, out_count * element_size(dtype), async,
                 [shared]() -> const Plan& { return *shared; });

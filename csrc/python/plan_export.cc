@@ -2,9 +2,11 @@
 
 #include <pybind11/stl.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "core/algo/algorithms.h"
 #include "core/common/error.h"
@@ -65,13 +67,33 @@ py::dict export_plan(const Plan& plan) {
   return out;
 }
 
+// d[key] as T, refusing conversions: a bool must be a bool, a number an int.
 template <typename T>
 T field(const py::dict& d, const char* key, const std::string& where) {
   if (!d.contains(key)) throw InvalidArgument(where + ": missing '" + key + "'");
+  const py::handle value = d[key];
+  const bool is_bool = py::isinstance<py::bool_>(value);
+  bool fits = true;
+  if constexpr (std::is_same_v<T, bool>) {
+    fits = is_bool;
+  } else if constexpr (std::is_integral_v<T>) {
+    fits = py::isinstance<py::int_>(value) && !is_bool;
+  }
   try {
-    return d[key].cast<T>();
+    if (fits) return value.cast<T>();
   } catch (const py::cast_error&) {
-    throw InvalidArgument(where + ": '" + key + "' has the wrong type");
+  }
+  throw InvalidArgument(where + ": '" + key + "' has the wrong type or range");
+}
+
+// Keys the executor does not know would be silently ignored: refuse them.
+void only_keys(const py::dict& d, std::initializer_list<const char*> known,
+               const std::string& where) {
+  for (const auto& item : d) {
+    const std::string key = py::str(item.first);
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) throw InvalidArgument(where + ": the executor knows no '" + key + "'");
   }
 }
 
@@ -98,12 +120,18 @@ int import_peer(const py::dict& d, const char* key, const std::string& where) {
 
 Plan import_plan(const py::dict& d) {
   Plan plan;
+  only_keys(d, {"algorithm", "scratch", "steps"}, "plan");
   plan.algorithm = field<std::string>(d, "algorithm", "plan");
   plan.scratch_count = field<size_t>(d, "scratch", "plan");
   const auto steps = field<py::list>(d, "steps", "plan");
   for (size_t i = 0; i < steps.size(); ++i) {
     const std::string where = "plan step " + std::to_string(i);
+    if (!py::isinstance<py::dict>(steps[i])) throw InvalidArgument(where + ": not a dict");
     const auto s = steps[i].cast<py::dict>();
+    only_keys(s,
+              {"kind", "recv", "send", "local", "dst", "operand", "count", "finalize", "wait_sends",
+               "copy_sends"},
+              where);
     Step step;
     const auto kind = field<std::string>(s, "kind", where);
     if (kind == "fused") {

@@ -1,5 +1,6 @@
 #include "core/algo/validate.h"
 
+#include <cstdint>
 #include <string>
 
 #include "core/common/error.h"
@@ -20,9 +21,18 @@ bool overlap(const Span& a, const Span& b) {
   return a.buf == b.buf && a.offset < b.offset + b.count && b.offset < a.offset + a.count;
 }
 
+bool same(const Span& a, const Span& b) {
+  return a.buf == b.buf && a.offset == b.offset && a.count == b.count;
+}
+
 }  // namespace
 
-void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_count) {
+void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_count,
+              size_t elem_size) {
+  if (elem_size == 0 || plan.scratch_count > SIZE_MAX / elem_size) {
+    throw InvalidArgument("plan '" + plan.algorithm + "': scratch of " +
+                          std::to_string(plan.scratch_count) + " elements is beyond memory");
+  }
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& s = plan.steps[i];
     const auto fail = [&](const std::string& what) {
@@ -46,6 +56,9 @@ void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_
              std::to_string(limit) + " elements)");
       }
     }
+    // The input is the caller's to read: results go to output or scratch (in place, the
+    // output is the input's memory anyway).
+    if (s.dst && s.dst->buf == Buf::Input && s.dst->count > 0) fail("writes into the input");
     switch (s.kind) {
       case Step::Kind::Fused:
         if (s.operand) fail("a fused step has no operand");
@@ -65,16 +78,27 @@ void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_
         if (s.operand && (!s.dst || s.operand->count != s.dst->count || s.recv_peer < 0)) {
           fail("an operand needs a dst of its length and a peer to receive from");
         }
+        if (s.finalize && !s.operand) fail("an exchange divides (finalize) only with an operand");
         if (s.local && s.dst && overlap(*s.local, *s.dst)) {
           fail("an exchange's dst may not overlap what it sends");
         }
         break;
-      case Step::Kind::LocalReduce:
+      case Step::Kind::LocalReduce: {
+        // The executor reduces block 0 with block 1 into dst, then dst with each later
+        // block: dst may be block 0 or 1, but must not cover a block still to be read.
         if (!s.local || !s.dst || s.count == 0 || s.dst->count != s.count ||
-            s.local->count % s.count != 0) {
-          fail("a local reduce needs local of whole blocks of count elements and a dst of count");
+            s.local->count % s.count != 0 || s.local->count / s.count < 2) {
+          fail(
+              "a local reduce needs local of two or more blocks of count elements and a dst "
+              "of count");
+        }
+        const Span block0{s.local->buf, s.local->offset, s.count};
+        const Span block1{s.local->buf, s.local->offset + s.count, s.count};
+        if (overlap(*s.dst, *s.local) && !same(*s.dst, block0) && !same(*s.dst, block1)) {
+          fail("a local reduce's dst overlaps a block it has yet to read");
         }
         break;
+      }
     }
   }
 }

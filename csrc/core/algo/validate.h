@@ -11,8 +11,10 @@ namespace weft::algo {
 
 // Throws InvalidArgument naming the step and what is wrong: a peer outside
 // [0, size) or the rank itself, a span outside Input (in_count elements),
-// Output (out_count) or Scratch (plan.scratch_count), lengths a step's form
-// does not allow, or an Exchange that receives into what it sends.
-void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_count);
+// Output (out_count) or Scratch (plan.scratch_count, which must fit in
+// memory at elem_size bytes each), a write into Input, lengths or overlaps a
+// step's form does not allow (see plan.h).
+void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_count,
+              size_t elem_size);
 
 }  // namespace weft::algo

@@ -36,18 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "export":
-        algo = topo.builtin(
-            args.collective,
-            args.family,
-            args.ranks,
-            count=args.count,
-            root=args.root,
-            in_place=args.in_place,
-            avg=args.avg,
-            hosts=args.hosts,
-            slot_bytes=args.slot_bytes,
-            slots=args.slots,
-        )
+        try:
+            algo = topo.builtin(
+                args.collective,
+                args.family,
+                args.ranks,
+                count=args.count,
+                root=args.root,
+                in_place=args.in_place,
+                avg=args.avg,
+                hosts=args.hosts,
+                slot_bytes=args.slot_bytes,
+                slots=args.slots,
+            )
+        except (ValueError, RuntimeError) as e:  # weft.InvalidArgument is a ValueError
+            parser.error(str(e))
         algo.save(args.output)
         print(f"{args.output}: {algo.name} {algo.collective} on {algo.ranks} ranks")
         return 0
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         try:
             report = topo.check(topo.load(path), slots=args.slots, slot_bytes=args.slot_bytes)
-        except (topo.AlgorithmError, OSError) as e:
+        except (ValueError, OSError) as e:  # AlgorithmError is a ValueError
             print(e if isinstance(e, topo.AlgorithmError) else f"{path}: {e}")
             failed = True
             continue

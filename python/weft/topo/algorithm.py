@@ -230,9 +230,45 @@ def load(path) -> Algorithm:
     return _parse(data, str(path))
 
 
+# The checker models every element: a file may not ask for more than this per buffer (keep the
+# Algorithm small and let topo.run scale it to large buffers).
+LARGEST_COUNT = 1 << 22
+TOP_KEYS = {
+    "format",
+    "name",
+    "collective",
+    "ranks",
+    "count",
+    "root",
+    "in_place",
+    "avg",
+    "elem_size",
+    "slot_bytes",
+    "slots",
+    "programs",
+}
+STEP_KEYS = {
+    "kind",
+    "recv",
+    "send",
+    "local",
+    "dst",
+    "operand",
+    "count",
+    "finalize",
+    "wait_sends",
+    "copy_sends",
+    "deps",
+}
+
+
 def _parse(data, source: str) -> Algorithm:
     def fail(where: str, what: str):
         raise AlgorithmError(f"{source}: {where}: {what}")
+
+    def known(obj, keys, where):
+        if isinstance(obj, dict) and set(obj) - keys:
+            fail(where, f"unknown key(s) {', '.join(sorted(set(obj) - keys))}")
 
     def need(obj, key, kind, where, default=None, optional=False):
         if not isinstance(obj, dict):
@@ -248,6 +284,7 @@ def _parse(data, source: str) -> Algorithm:
             fail(where, f"'{key}' must be {kind.__name__}, got {value!r}")
         return value
 
+    known(data, TOP_KEYS, "top level")
     if need(data, "format", str, "top level") != FORMAT:
         fail("top level", f"format {data['format']!r} is not {FORMAT!r}")
     collective = need(data, "collective", str, "top level")
@@ -255,8 +292,11 @@ def _parse(data, source: str) -> Algorithm:
         fail("top level", f"collective {collective!r}: use one of {', '.join(COLLECTIVES)}")
     ranks = need(data, "ranks", int, "top level")
     count = need(data, "count", int, "top level")
-    if ranks < 1 or count < 0:
-        fail("top level", f"ranks ({ranks}) must be at least 1 and count ({count}) not negative")
+    if not 1 <= ranks <= 4096 or not 0 <= count <= LARGEST_COUNT:
+        fail(
+            "top level",
+            f"ranks ({ranks}) must be 1 to 4096 and count ({count}) 0 to {LARGEST_COUNT}",
+        )
     programs_data = need(data, "programs", list, "top level")
     if len(programs_data) != ranks:
         fail("programs", f"{len(programs_data)} programs for {ranks} ranks")
@@ -289,16 +329,19 @@ def _parse(data, source: str) -> Algorithm:
         where = f"rank {r}"
         if need(p, "rank", int, where) != r:
             fail(where, f"programs must be in rank order, found rank {p['rank']}")
+        known(p, {"rank", "scratch", "channels"}, where)
         scratch = need(p, "scratch", int, where, default=0, optional=True)
-        if scratch < 0:
-            fail(where, f"scratch {scratch} is negative")
+        if not 0 <= scratch <= LARGEST_COUNT * ranks:
+            fail(where, f"scratch {scratch} is negative or beyond what the checker models")
         channels = []
         for c, channel_data in enumerate(need(p, "channels", list, where)):
+            known(channel_data, {"steps", "tag"}, f"{where} channel {c}")
             steps_data = need(channel_data, "steps", list, f"{where} channel {c}")
             tag = need(channel_data, "tag", int, f"{where} channel {c}", optional=True)
             steps = []
             for i, s in enumerate(steps_data):
                 at = f"{where} channel {c} step {i}"
+                known(s, STEP_KEYS, at)
                 kind = need(s, "kind", str, at)
                 if kind not in KINDS:
                     fail(at, f"kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -306,7 +349,7 @@ def _parse(data, source: str) -> Algorithm:
                 if not all(
                     isinstance(d, list)
                     and len(d) == 2
-                    and all(isinstance(x, int) and x >= 0 for x in d)
+                    and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d)
                     for d in deps
                 ):
                     fail(at, f"deps must be [channel, step] pairs, got {deps!r}")
@@ -344,10 +387,12 @@ def _parse(data, source: str) -> Algorithm:
     )
     if not 0 <= algo.root < ranks:
         fail("top level", f"root {algo.root} is not a rank of {ranks}")
-    if algo.elem_size < 1 or algo.slot_bytes < algo.elem_size or algo.slots < 0:
+    if algo.elem_size < 1 or algo.slot_bytes < algo.elem_size or algo.slots < 1:
         fail(
             "top level",
-            "elem_size must be positive, slot_bytes at least one element and "
-            "slots not negative (0: rendezvous sends)",
+            "elem_size must be positive, slot_bytes at least one element and slots at least 1",
         )
+    for r, c, i, step in algo.steps():
+        if not 0 <= step.count <= LARGEST_COUNT * ranks:
+            fail(f"rank {r} channel {c} step {i}", f"count {step.count} is out of range")
     return algo

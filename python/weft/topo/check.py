@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from weft.topo.algorithm import Algorithm, Span, Step
+from weft.topo.algorithm import COLLECTIVES, IN_PLACE_OFFSET, KINDS, Algorithm, Span, Step
 
 # Collectives whose output is a reduction (and so divided once where avg is asked for).
 REDUCING = ("allreduce", "reduce_scatter", "reduce")
@@ -63,6 +63,39 @@ class Report:
         return "\n".join(lines + [f"  {e}" for e in self.errors])
 
 
+def _overlap(a: Span, b: Span) -> bool:
+    return a.buffer == b.buffer and a.offset < b.offset + b.count and b.offset < a.offset + a.count
+
+
+def shape_problems(algo: Algorithm) -> list[Problem]:
+    """What must hold before any step can be looked at: the world, the collective, one program
+    per rank, the root, the in-place layout."""
+    problems = []
+    if algo.collective not in COLLECTIVES:
+        problems.append(
+            Problem(f"collective {algo.collective!r}: use one of {', '.join(COLLECTIVES)}")
+        )
+    if algo.ranks < 1 or len(algo.programs) != algo.ranks:
+        problems.append(Problem(f"{len(algo.programs)} programs for {algo.ranks} ranks"))
+    if not 0 <= algo.root < max(algo.ranks, 1) or algo.count < 0:
+        problems.append(
+            Problem(
+                f"root {algo.root} and count {algo.count}: the root must be a "
+                "rank and the count not negative"
+            )
+        )
+    if algo.in_place and algo.collective not in IN_PLACE_OFFSET:
+        problems.append(
+            Problem(
+                f"{algo.collective} has no in-place form (those are {', '.join(IN_PLACE_OFFSET)})"
+            )
+        )
+    for r, program in enumerate(algo.programs):
+        if not program.channels or program.scratch < 0:
+            problems.append(Problem("needs a channel and a scratch size not negative", r))
+    return problems
+
+
 class _Stop(Exception):
     """Ends the symbolic run at the first error that leaves the state meaningless."""
 
@@ -70,6 +103,7 @@ class _Stop(Exception):
 @dataclass
 class _Message:
     values: list
+    length: int  # elements on the wire (scale times those of the Algorithm, or parts of them)
     sender_channel: int
     sender_step: int
     refs: list | None  # the sender's memory locations, for a send by reference
@@ -95,15 +129,23 @@ def check(
     *,
     slots: int | None = None,
     slot_bytes: int | None = None,
+    scale: int = 1,
     max_errors: int = 20,
 ) -> Report:
     """Runs ``algo`` symbolically and returns a Report; ``report.ok`` when every rank ends with
     exactly the collective's result and nothing deadlocks with ``slots`` messages of
-    ``slot_bytes`` per connection (default: what the algorithm was planned for)."""
+    ``slot_bytes`` per connection (default: what the algorithm was planned for). With
+    ``scale``, each element stands for that many on the wire (how topo.run runs an Algorithm
+    on larger buffers): messages are counted as the executor would cut them."""
+    problems = shape_problems(algo)
+    if problems or scale < 1:
+        problems = problems or [Problem(f"scale {scale} must be at least 1")]
+        return Report(algo.name, algo.ranks, problems)
     run = _Run(
         algo,
         algo.slots if slots is None else slots,
         algo.slot_bytes if slot_bytes is None else slot_bytes,
+        scale,
         max_errors,
     )
     run.static_checks()
@@ -117,7 +159,7 @@ def check(
 
 
 class _Run:
-    def __init__(self, algo: Algorithm, slots: int, slot_bytes: int, max_errors: int):
+    def __init__(self, algo: Algorithm, slots: int, slot_bytes: int, scale: int, max_errors: int):
         if slots < 1 or slot_bytes < algo.elem_size:
             raise ValueError(
                 f"slots ({slots}) must be at least 1 and slot_bytes ({slot_bytes}) at least one "
@@ -125,7 +167,8 @@ class _Run:
             )
         self.algo = algo
         self.slots = slots
-        self.slice = slot_bytes // algo.elem_size
+        self.slice = slot_bytes // algo.elem_size  # elements on the wire per message
+        self.scale = scale
         self.max_errors = max_errors
         self.report = Report(algo.name, algo.ranks)
         self.sizes = [algo.buffer_counts(r) for r in range(algo.ranks)]
@@ -292,18 +335,32 @@ class _Run:
                 return
 
     def check_step(self, r: int, c: int, i: int, s: Step, at) -> None:
+        """The rules the core's algo::validate applies to every step before running it, and
+        the dependencies, which only the checker sees."""
         sizes = self.sizes[r]
+        if s.kind not in KINDS or s.count < 0:
+            self.error(f"kind {s.kind!r} with count {s.count}: use one of {', '.join(KINDS)}", *at)
+            return
         for key, span in s.spans():
+            if span.offset < 0 or span.count < 0 or span.buffer not in sizes:
+                self.error(f"{key} {span} is not a span of input, output or scratch", *at)
+                return
             if span.offset + span.count > sizes[span.buffer]:
                 self.error(
                     f"{key} {span} lies outside {span.buffer} ({sizes[span.buffer]} elements)", *at
                 )
+        if s.dst is not None and s.dst.buffer == "input" and s.dst.count:
+            self.error("writes into the input (results go to output or scratch)", *at)
         for key in ("recv", "send"):
-            if getattr(s, key) == r:
-                self.error(f"{key} peer is the rank itself", *at)
+            peer = getattr(s, key)
+            if peer is not None and not (0 <= peer < self.algo.ranks and peer != r):
+                self.error(f"{key} peer {peer} is not another rank of {self.algo.ranks}", *at)
         for dep_channel, dep_step in s.deps:
             channels = self.algo.programs[r].channels
-            if dep_channel >= len(channels) or dep_step >= len(channels[dep_channel].steps):
+            if not (
+                0 <= dep_channel < len(channels)
+                and 0 <= dep_step < len(channels[dep_channel].steps)
+            ):
                 self.error(
                     f"depends on channel {dep_channel} step {dep_step}, which does not exist", *at
                 )
@@ -322,8 +379,21 @@ class _Run:
         elif s.kind == "exchange":
             if s.recv is None and s.send is None:
                 self.error("an exchange with neither peer", *at)
-            if s.operand is not None and (s.dst is None or s.operand.count != s.dst.count):
-                self.error("operand must match dst's length", *at)
+            if (s.send is None and s.local is not None and s.local.count) or (
+                s.recv is None and s.dst is not None and s.dst.count
+            ):
+                self.error(
+                    "an exchange's local needs a peer to send to, and its dst one to receive from",
+                    *at,
+                )
+            if s.operand is not None and (
+                s.dst is None or s.operand.count != s.dst.count or s.recv is None
+            ):
+                self.error("an operand needs a dst of its length and a peer to receive from", *at)
+            if s.finalize and s.operand is None:
+                self.error("an exchange divides (finalize) only with an operand", *at)
+            if s.local is not None and s.dst is not None and _overlap(s.local, s.dst):
+                self.error("an exchange's dst may not overlap what it sends", *at)
         elif s.kind == "reduce":
             if (
                 s.local is None
@@ -332,17 +402,24 @@ class _Run:
                 or (s.dst.count != s.count)
             ):
                 self.error("reduce needs local and dst of count elements", *at)
-        elif s.kind == "local_reduce":
-            if (
-                s.local is None
-                or s.dst is None
-                or s.count == 0
-                or s.dst.count != s.count
-                or (s.local.count % s.count)
-            ):
-                self.error(
-                    "local_reduce needs local of k blocks of count elements and a dst of count", *at
-                )
+        elif (
+            s.local is None
+            or s.dst is None
+            or s.count == 0
+            or s.dst.count != s.count
+            or (s.local.count % s.count or s.local.count // s.count < 2)
+        ):
+            self.error(
+                "local_reduce needs local of two or more blocks of count elements and a "
+                "dst of count",
+                *at,
+            )
+        else:
+            first_two = (
+                Span(s.local.buffer, s.local.offset + k * s.count, s.count) for k in (0, 1)
+            )
+            if _overlap(s.dst, s.local) and s.dst not in first_two:
+                self.error("a local_reduce's dst overlaps a block it has yet to read", *at)
 
     # ---- the run --------------------------------------------------------------------------
 
@@ -416,10 +493,11 @@ class _Run:
     def unread_peers(self, r: int) -> tuple[int, ...]:
         return tuple(sorted({q for q, m in self.since_wait[r] if m.read_at is None}))
 
-    def post(self, r: int, c: int, i: int, peer: int, values: list, refs: list | None) -> None:
+    def post(self, r, c, i, peer, values: list, length: int, refs: list | None) -> None:
         t = self.thread[(r, c)]
         self.clock[t][t] += 1
-        message = _Message(values, c, i, refs, self.clock[t][:])
+        message = _Message(values, length, c, i, refs, self.clock[t][:])
+        self.clock[t][t] += 1  # what the channel does next comes after the send
         if refs:
             for where in refs:
                 self.by_reference[r].setdefault(where, []).append(message)
@@ -427,21 +505,32 @@ class _Run:
         self.connection(r, peer, self.tag(r, c)).queue.append(message)
         self.report.messages += 1
 
-    def take(self, sender: int, r: int, c: int, n: int, at) -> list:
+    def take(self, sender: int, r: int, c: int, length: int, at) -> list:
         message = self.connection(sender, r, self.tag(r, c)).queue.popleft()
         t = self.thread[(r, c)]
         clock = self.clock[t]
         clock[:] = [max(a, b) for a, b in zip(clock, message.clock)]
         clock[t] += 1
         message.read_at = (t, clock[t])
-        if len(message.values) != n:
+        if message.length != length:
             self.error(
-                f"expects {n} elements from rank {sender}, whose step {message.sender_step} "
-                f"sent {len(message.values)}",
+                f"expects {length} elements from rank {sender}, whose step {message.sender_step} "
+                f"sent {message.length}",
                 *at,
                 fatal=True,
             )
         return message.values
+
+    def pieces(self, count: int) -> list[tuple[int, int, int]]:
+        """(first element, elements, elements on the wire) of each message a stream of ``count``
+        elements travels in: each element stands for ``scale`` on the wire, a message holds a
+        slice of those, and an element goes with the message that carries its last part."""
+        wire, out, done = count * self.scale, [], 0
+        for first in range(0, wire, self.slice):
+            end = min(wire, first + self.slice)
+            out.append((done, end // self.scale - done, end - first))
+            done = end // self.scale
+        return out
 
     def room(self, conn: _Connection) -> bool:
         return len(conn.queue) + conn.reserved < self.slots
@@ -454,8 +543,7 @@ class _Run:
         # What the executor may send by reference: local memory as it is (a plain send), or on
         # tcp what the step wrote to dst.
         plain_send = s.recv is None and s.dst is None and not divides and not s.copy_sends
-        for start in range(0, s.count, self.slice):
-            n = min(self.slice, s.count - start)
+        for start, n, length in self.pieces(s.count):
             out = None
             if s.send is not None:
                 out = self.connection(r, s.send, self.tag(r, c))
@@ -473,7 +561,7 @@ class _Run:
                     f"waits to receive from rank {s.recv}",
                     (s.recv,),
                 )
-                incoming = self.take(s.recv, r, c, n, at)
+                incoming = self.take(s.recv, r, c, length, at)
             local = self.read(r, s.local, start, n, at) if s.local is not None else None
             if incoming is not None and local is not None:
                 data = self.reduce(incoming, local, f"{s.local} with rank {s.recv}'s data", at)
@@ -489,14 +577,11 @@ class _Run:
                     refs = self.refs(r, s.local, start, n)
                 elif s.dst is not None:
                     refs = self.refs(r, s.dst, start, n)
-                self.post(r, c, i, s.send, data, refs)
+                self.post(r, c, i, s.send, data, length, refs)
 
     def exchange(self, r: int, c: int, i: int, s: Step, at):
-        def pieces(span):
-            total = span.count if span is not None else 0
-            return [(k, min(self.slice, total - k)) for k in range(0, total, self.slice)] or [
-                (0, 0)
-            ]
+        def pieces(span):  # an absent or empty side still moves one empty message
+            return self.pieces(span.count if span is not None else 0) or [(0, 0, 0)]
 
         sends = deque(pieces(s.local)) if s.send is not None else deque()
         receives = deque(pieces(s.dst)) if s.recv is not None else deque()
@@ -517,20 +602,21 @@ class _Run:
                 )
                 continue
             if can_send:
-                start, n = sends.popleft()
+                start, n, length = sends.popleft()
                 values = self.read(r, s.local, start, n, at) if n else []
                 refs = self.refs(r, s.local, start, n) if n else None  # by reference
-                self.post(r, c, i, s.send, values, refs)
+                self.post(r, c, i, s.send, values, length, refs)
             if can_receive:
-                start, n = receives.popleft()
-                values = self.take(s.recv, r, c, n, at)
-                if s.operand is not None and n:
+                start, n, length = receives.popleft()
+                values = self.take(s.recv, r, c, length, at)
+                if s.operand is not None and n:  # only the reduction divides
                     operand = self.read(r, s.operand, start, n, at)
                     values = self.reduce(
                         values, operand, f"{s.operand} with rank {s.recv}'s data", at
                     )
+                    values = self.divide(values, s)
                 if n:
-                    self.write(r, s.dst, start, self.divide(values, s), at)
+                    self.write(r, s.dst, start, values, at)
 
     def local_reduce(self, r: int, s: Step, at) -> None:
         blocks = s.local.count // s.count

@@ -74,6 +74,8 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
     collective = COLLECTIVES[coll]
     chunks_per_loop = number(root, "nchunksperloop", "<algo>", 1)
     in_place = number(root, "inplace", "<algo>") == 1
+    if in_place and collective not in ("allreduce", "allgather", "reduce_scatter"):
+        fail("<algo>", f"an in-place {collective} has no layout the importer knows")
     if root.get("outofplace") is not None and (number(root, "outofplace", "<algo>") == 1) == (
         in_place
     ):
@@ -103,9 +105,23 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
         tb_ids = [number(tb, "id", f"{where} <tb>") for tb in blocks]
         if tb_ids != list(range(len(blocks))):
             fail(where, f"thread block ids {tb_ids} are not 0..{len(blocks) - 1} in order")
-        channels = [_channel(tb, rank, ranks, len(blocks), where, number, fail) for tb in blocks]
+        place = _in_place_layout(collective, rank, rank_count) if in_place else _apart
+        channels = [
+            _channel(tb, rank, ranks, len(blocks), where, number, fail, place) for tb in blocks
+        ]
         if not channels:
             fail(where, "has no thread block")
+        for side in ("send", "recv"):  # one thread block per (peer, chan) and direction
+            seen = {}
+            for tb in blocks:
+                key = (tb.get(side), tb.get("chan"))
+                if key[0] != "-1" and key in seen:
+                    fail(
+                        where,
+                        f"thread blocks {seen[key]} and {tb.get('id')} both {side} "
+                        f"with {side}={key[0]} on chan={key[1]}",
+                    )
+                seen[key] = tb.get("id")
         programs[rank] = RankProgram(channels, scratch=chunks["s"])
         if max(chunks["i"], chunks["o"]) > chunks_per_loop:
             fail(where, f"a buffer has more chunks than nchunksperloop={chunks_per_loop}")
@@ -141,17 +157,43 @@ def _call_count(collective, ranks, chunks, in_place, where, fail) -> int:
     if collective == "allgather":
         if o != ranks * i and not (in_place and i == 0):
             fail(where, f"an allgather of {ranks} ranks needs o_chunks = {ranks} x i_chunks")
+        if o % ranks:
+            fail(where, f"o_chunks={o} is not a multiple of {ranks} ranks")
         return i or o // ranks
     if collective == "reduce_scatter":
         if i != ranks * o and not (in_place and o == 0):
             fail(where, f"a reduce_scatter of {ranks} ranks needs i_chunks = {ranks} x o_chunks")
+        if i % ranks:
+            fail(where, f"i_chunks={i} is not a multiple of {ranks} ranks")
         return o or i // ranks
-    if i % ranks or o not in (0, i):
+    if i % ranks or o != i and not (in_place and o == 0):
         fail(where, f"an alltoall of {ranks} ranks needs i_chunks (a multiple of {ranks}) = o")
     return i // ranks
 
 
-def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail) -> Channel:
+def _apart(span: Span) -> Span:
+    return span
+
+
+def _in_place_layout(collective: str, rank: int, count: int):
+    """In place MSCCL names one buffer two ways; weft names its parts as the executor sees
+    them: the output, with the input inside it (allgather: at block `rank`; reduce_scatter: the
+    output is block `rank` of the input)."""
+
+    def place(span: Span) -> Span:
+        if collective == "allreduce" and span.buffer == "input":
+            return Span("output", span.offset, span.count)
+        if collective == "allgather" and span.buffer == "input":
+            return Span("output", rank * count + span.offset, span.count)
+        own = rank * count <= span.offset and span.offset + span.count <= (rank + 1) * count
+        if collective == "reduce_scatter" and span.buffer == "input" and own:
+            return Span("output", span.offset - rank * count, span.count)
+        return span
+
+    return place
+
+
+def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail, place) -> Channel:
     tb_id = number(tb, "id", f"{where} <tb>")
     at_tb = f"{where} <tb id={tb_id}>"
     send, recv = number(tb, "send", at_tb, -1), number(tb, "recv", at_tb, -1)
@@ -166,11 +208,11 @@ def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail) -
             fail(at_tb, f"<{element.tag}> inside a thread block")
         if number(element, "s", at) != index:
             fail(at, f"steps must be numbered 0, 1, ... in order; this is the {index}th")
-        steps.append(_step(element, at, send, recv, tb_id, blocks, number, fail))
+        steps.append(_step(element, at, send, recv, tb_id, blocks, number, fail, place))
     return Channel(steps, tag)
 
 
-def _step(element, at: str, send: int, recv: int, tb_id: int, blocks: int, number, fail) -> Step:
+def _step(element, at, send: int, recv: int, tb_id: int, blocks: int, number, fail, place) -> Step:
     kind = element.get("type")
     if kind not in STEP_TYPES:
         fail(at, f"type={kind!r}: the importer takes {', '.join(STEP_TYPES)}")
@@ -180,7 +222,7 @@ def _step(element, at: str, send: int, recv: int, tb_id: int, blocks: int, numbe
         buffer = element.get(f"{prefix}buf")
         if buffer not in BUFFERS:
             fail(at, f"{prefix}buf={buffer!r}: use i, o or s")
-        return Span(BUFFERS[buffer], number(element, f"{prefix}off", at), cnt)
+        return place(Span(BUFFERS[buffer], number(element, f"{prefix}off", at), cnt))
 
     depid, deps = number(element, "depid", at, -1), number(element, "deps", at, -1)
     if (depid < 0) != (deps < 0) or depid >= blocks or depid == tb_id:

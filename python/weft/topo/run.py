@@ -5,7 +5,9 @@ Algorithm is first checked for the communicator's connections (its slice and slo
 runs has been shown right and free of deadlocks there; then each rank's steps go to the executor
 (``Communicator.run_plan``), which checks every peer and span against the rank's buffers again.
 Buffers may be any whole multiple of the Algorithm's sizes: each element of the Algorithm then
-stands for that many (an MSCCL chunk becomes a block of the buffer).
+stands for that many (an MSCCL chunk becomes a block of the buffer), and the checker counts the
+messages the executor cuts those blocks into. The check runs at every call: for a loop of calls,
+keep the Algorithm small and the buffers large.
 """
 
 from __future__ import annotations
@@ -111,20 +113,19 @@ def run(algo: Algorithm, comm, buf, out, *, op: str = "sum", async_: bool = Fals
     inputs, outputs = np.asarray(buf), np.asarray(out)
     factor = _factor(algo, inputs.size, outputs.size, sizes)
     _check_layout(algo, rank, inputs, outputs, factor)
-    elem_size = inputs.dtype.itemsize
+    if not algo.in_place and np.shares_memory(inputs, outputs):
+        raise AlgorithmError(f"{algo.name} is not in place: give it input and output apart")
     slots, slot_bytes = connection_geometry(comm)
-    algo_here = scaled(replace(algo, elem_size=elem_size), factor)
-    report = check(
-        replace(algo, elem_size=elem_size),
-        slots=slots,
-        slot_bytes=max(elem_size, slot_bytes // factor // elem_size * elem_size),
-    )
+    # As the executor will run it: this element size, divisions only for avg, and each element
+    # standing for `factor` (so messages are counted as the executor cuts the larger buffers).
+    as_run = replace(algo, elem_size=inputs.dtype.itemsize, avg=op == "avg")
+    report = check(as_run, slots=slots, slot_bytes=slot_bytes, scale=factor)
     if not report.ok:
         raise AlgorithmError(
             f"{algo.name} fails the checker for this communicator's "
             f"connections ({slots} slots of {slot_bytes} bytes):\n{report}"
         )
-    return comm.run_plan(plan_of(algo_here, rank), buf, out, op=op, async_=async_)
+    return comm.run_plan(plan_of(scaled(as_run, factor), rank), buf, out, op=op, async_=async_)
 
 
 def _factor(algo: Algorithm, in_count: int, out_count: int, sizes: dict) -> int:

@@ -16,15 +16,6 @@ namespace py = pybind11;
 namespace weft::python {
 namespace {
 
-const char* buf_name(Buf b) {
-  switch (b) {
-    case Buf::Input: return "input";
-    case Buf::Output: return "output";
-    case Buf::Scratch: return "scratch";
-  }
-  return "?";
-}
-
 const char* kind_name(Step::Kind k) {
   switch (k) {
     case Step::Kind::Fused: return "fused";
@@ -36,7 +27,7 @@ const char* kind_name(Step::Kind k) {
 
 py::object span(const std::optional<Span>& s) {
   if (!s) return py::none();
-  return py::make_tuple(buf_name(s->buf), s->offset, s->count);
+  return py::make_tuple(to_string(s->buf), s->offset, s->count);
 }
 
 py::object peer(int p) {

@@ -18,6 +18,16 @@ namespace weft {
 // executor sizes from Plan::scratch_count.
 enum class Buf : uint8_t { Input, Output, Scratch };
 
+// "input", "output", "scratch": how errors and Python name the buffers.
+inline const char* to_string(Buf b) {
+  switch (b) {
+    case Buf::Input: return "input";
+    case Buf::Output: return "output";
+    case Buf::Scratch: return "scratch";
+  }
+  return "?";
+}
+
 struct Span {
   Buf buf;
   size_t offset;  // elements

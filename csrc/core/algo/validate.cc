@@ -8,15 +8,6 @@
 namespace weft::algo {
 namespace {
 
-const char* name_of(Buf b) {
-  switch (b) {
-    case Buf::Input: return "input";
-    case Buf::Output: return "output";
-    case Buf::Scratch: return "scratch";
-  }
-  return "?";
-}
-
 bool overlap(const Span& a, const Span& b) {
   return a.buf == b.buf && a.offset < b.offset + b.count && b.offset < a.offset + a.count;
 }
@@ -51,8 +42,8 @@ void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_
                            : sp.buf == Buf::Output ? out_count
                                                    : plan.scratch_count;
       if (sp.offset > limit || sp.count > limit - sp.offset) {
-        fail(std::string(name_of(sp.buf)) + "[" + std::to_string(sp.offset) + ":" +
-             std::to_string(sp.offset + sp.count) + "] lies outside " + name_of(sp.buf) + " (" +
+        fail(std::string(to_string(sp.buf)) + "[" + std::to_string(sp.offset) + ":" +
+             std::to_string(sp.offset + sp.count) + "] lies outside " + to_string(sp.buf) + " (" +
              std::to_string(limit) + " elements)");
       }
     }

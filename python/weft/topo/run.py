@@ -12,7 +12,7 @@ keep the Algorithm small and the buffers large.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import numpy as np
 
@@ -72,13 +72,10 @@ def plan_of(algo: Algorithm, rank: int) -> dict:
                 "kind": s.kind,
                 "recv": s.recv,
                 "send": s.send,
-                "local": None
-                if s.local is None
-                else (s.local.buffer, s.local.offset, s.local.count),
-                "dst": None if s.dst is None else (s.dst.buffer, s.dst.offset, s.dst.count),
-                "operand": None
-                if s.operand is None
-                else (s.operand.buffer, s.operand.offset, s.operand.count),
+                "local": None,
+                "dst": None,
+                "operand": None,
+                **{key: astuple(span) for key, span in s.spans()},
                 "count": s.count,
                 "finalize": s.finalize,
                 "wait_sends": s.wait_sends,

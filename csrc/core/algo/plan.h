@@ -1,6 +1,8 @@
 // A Plan is what every algorithm produces and the executor runs: for one
-// rank, an ordered list of steps over element ranges of the operation's
-// buffers. Steps run one after another; inside a step the executor streams
+// rank, one or more channels, each an ordered list of steps over element
+// ranges of the operation's buffers. A channel's steps run one after another,
+// and a rank's channels progress concurrently, waiting on each other only
+// where a step says so (Step::after). Inside a step the executor streams
 // slices through the connections, so neighbouring ranks work on different
 // steps at the same time (that is the pipeline).
 #pragma once
@@ -70,12 +72,25 @@ struct Step {
   bool copy_sends = false;
   // Fused: the stream length (every present span has this count).
   size_t count = 0;
+  // The channel the step runs on (an index into Plan::channel_tags). Its
+  // messages use this rank's connections of that channel's tag, so they
+  // reach, in order, the peer's channel of the same tag.
+  uint16_t channel = 0;
+  // Steps (indices into Plan::steps, each earlier than this one) that must
+  // have finished before this step starts: how channels wait on each other.
+  std::vector<uint32_t> after;
 };
 
 struct Plan {
   std::string algorithm;  // for logs and tests, e.g. "ring", "oneshot"
+  // Every channel's steps; those of one channel in the order they run.
   std::vector<Step> steps;
   size_t scratch_count = 0;  // elements of Scratch the steps use
+  // The connection tag of each channel (MSCCL's "chan"): two channels of a
+  // rank may share a tag where they talk to different peers. Empty for the
+  // one channel of tag 0 that most generators plan.
+  std::vector<uint8_t> channel_tags;
+  size_t channel_count() const { return channel_tags.empty() ? 1 : channel_tags.size(); }
 };
 
 // What every generator needs to know about the world it plans for.

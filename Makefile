@@ -12,7 +12,8 @@ TORCH ?= torch==2.13.0
 RESULTS = bench/results
 BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 5 --vs gloo,mpi
 
-# The algorithm sweeps (bench/results/algos_tcp_np*.*, hier_2x2_1gbit.*, hosts_8x1_1gbit.*):
+# The algorithm sweeps (bench/results/algos_tcp_np*.*, hier_2x2_1gbit.*, hosts_8x1_1gbit.*,
+# double_tree_8x1_1gbit.*: the double tree on one channel and on two):
 # the allreduce families ring, tree, rd, rhd and auto over tcp with 4 and 8 ranks against gloo
 # and OpenMPI (over its shared memory, and held to tcp like weft), and across namespace "hosts"
 # whose links tc limits to 1 Gbit/s (2 hosts of 2 ranks, 8 of 1; needs root).
@@ -22,7 +23,7 @@ ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e
 SMALL_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,auto -b 8 -e 4K -f 2 -n 20 \
 	--iter-bytes 64M -w 3 --rounds 4 --repeats 3 --vs mpi-tcp
 
-.PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu
+.PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu bench-msccl
 
 # nvidia-nccl-cu13: NCCL for CUDA builds; nvidia-cuda-cuobjdump: tests/test_cuda_build.py checks
 # the CUDA architectures built with it (the toolkit here has no cuobjdump).
@@ -83,3 +84,15 @@ bench-algorithms: install install-peers
 		--algos ring,tree,rhd,auto -n 3 --rounds 3 --repeats 2 --vs gloo \
 		--json $(RESULTS)/hosts_8x1_1gbit.json --plot $(RESULTS)/hosts_8x1_1gbit.png \
 		> $(RESULTS)/hosts_8x1_1gbit.md
+	$(PYTHON) bench/hier_netns.py --hosts 8 --per-host 1 --rate 1000 -b 1M -e 64M \
+		--algos ring,tree --channels 1,2 -n 3 --rounds 3 --repeats 1 --vs "" \
+		--json $(RESULTS)/double_tree_8x1_1gbit.json --plot $(RESULTS)/double_tree_8x1_1gbit.png \
+		> $(RESULTS)/double_tree_8x1_1gbit.md
+
+# An imported MSCCL allreduce (eight channels per rank) beside weft's ring on the same 8 local
+# ranks over shared memory (needs ../shared/msccl).
+bench-msccl: install install-peers
+	$(PYTHON) -m weft.bench --msccl ../shared/msccl/msccl-tools_allreduce_ring_8_1_LL128.xml \
+		--transport shm --algo ring -b 4K -e 64M -n 10 -w 2 --rounds 3 \
+		--json $(RESULTS)/msccl_ring8_shm.json --plot $(RESULTS)/msccl_ring8_shm.png \
+		> $(RESULTS)/msccl_ring8_shm.txt

@@ -34,6 +34,7 @@ def run(net, args, out: Path) -> dict:
     bench += ["-f", "4", "-n", str(args.n), "--iter-bytes", args.iter_bytes, "-w", "1"]
     bench += ["--rounds", str(args.rounds), "--repeats", str(args.repeats)]
     bench += ["--algo", args.algos, "--vs", args.vs, f"--json={out}"]
+    bench += ["--channels", args.channels] if args.channels else []
     # weft's settings come from --algos alone; WEFT_DEBUG passes, to log what the tuner tried.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_") or k == "WEFT_DEBUG"}
     env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000, help="Mbit/s per host link")
     parser.add_argument("--algos", default="ring,rhd,tree,hier,auto")
     parser.add_argument("--vs", default="gloo", help="weft-bench's peers: gloo, mpi")
+    parser.add_argument("--channels", help="weft-bench's (connection sets per peer, a list)")
     parser.add_argument("-b", default="64K")
     parser.add_argument("-e", default="64M")
     parser.add_argument("-n", type=int, default=5)

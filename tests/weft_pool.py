@@ -35,7 +35,8 @@ RUN_TIMEOUT_S = 300.0
 # must pick TCP by itself; "tcp-forced" keeps one host and forces TCP with WEFT_TRANSPORT.
 # The "-small" ones shrink every connection to four 4 KiB slots, so that modest counts already
 # cross many slices and chunked rounds; "hosts-of-2" puts ranks 2k and 2k+1 on one host
-# identity (shm inside, tcp across), with small slots too. "shm-cma" sends messages from 4 KiB
+# identity (shm inside, tcp across), with small slots too. "shm-8-channels" gives every pair
+# eight connection sets (WEFT_CHANNELS), as Plans of eight channel tags need. "shm-cma" sends messages from 4 KiB
 # by reference (the peer reads them with process_vm_readv). The "cuda-" ones (shm between ranks)
 # choose how the torch backend moves CUDA tensors: pinned host staging, or cuda_ipc with its
 # default staging buffers or with 4 KiB ones, so that modest counts take many rounds.
@@ -46,6 +47,7 @@ TRANSPORTS = (
     "shm-small",
     "shm-cma",
     "tcp-small",
+    "shm-8-channels",
     "hosts-of-2",
     "cuda-staging",
     "cuda-ipc",
@@ -76,6 +78,8 @@ def transport_env(transport: str, rank: int) -> dict[str, str]:
         return {"WEFT_TRANSPORT": "shm", "WEFT_SHM_CMA": "1", "WEFT_SHM_CMA_MIN_BYTES": "4096"}
     if transport == "tcp-small":
         return {"WEFT_HOST_ID": f"weft-test-host-{rank}", **SMALL_SLOTS}
+    if transport == "shm-8-channels":
+        return {"WEFT_TRANSPORT": "shm", "WEFT_CHANNELS": "8", **SMALL_SLOTS}
     if transport == "hosts-of-2":
         return {"WEFT_HOST_ID": f"weft-test-host-{rank // 2}", **SMALL_SLOTS}
     if transport == "cuda-staging":

@@ -31,11 +31,10 @@ CostModel links_only(CostModel model) {
   return model;
 }
 
-// Sockets per peer pair: a control socket (shared-memory setup and liveness)
-// and one per TCP channel.
+// Sockets per peer pair: a control socket (shared-memory setup and liveness),
+// then one per TCP connection: one per collective channel tag, then
+// point-to-point's.
 constexpr int kControlSocket = 0;
-constexpr int kChannels = 2;  // 0: collectives, 1: point-to-point
-constexpr int kSocketsPerPeer = 1 + kChannels;
 
 char transport_code(TransportChoice choice) {
   switch (choice) {
@@ -64,8 +63,15 @@ void check_apart(const char* what, const void* in, size_t in_bytes, const void* 
 }  // namespace
 
 Communicator::Communicator(Store& store, int rank, int size, const std::string& name,
-                           double timeout_s, const std::string& algorithm)
-    : rank_(rank), size_(size), timeout_s_(timeout_s > 0 ? timeout_s : config().timeout_s) {
+                           double timeout_s, const std::string& algorithm, int channels)
+    : rank_(rank),
+      size_(size),
+      channels_(channels > 0 ? channels : config().channels),
+      timeout_s_(timeout_s > 0 ? timeout_s : config().timeout_s) {
+  if (channels < 0 || channels > 16) {
+    throw InvalidArgument("channels=" + std::to_string(channels) +
+                          ": give 1 to 16 connection sets per peer (0 takes WEFT_CHANNELS)");
+  }
   try {
     forced_algorithm_ = parse_algorithm(algorithm.empty() ? config().algo : algorithm);
   } catch (const InvalidArgument& e) {
@@ -82,10 +88,11 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
 Communicator::~Communicator() = default;
 
 void Communicator::connect(Store& store, const std::string& name) {
-  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, kSocketsPerPeer, timeout_s(),
-                                 cpu_placement::current_spread());
+  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, 1 + channels_ + 1,
+                                 timeout_s(), cpu_placement::current_spread());
   const Config& cfg = config();
-  collective_conns_.resize(size_);
+  collective_conns_.resize(channels_);
+  for (auto& set : collective_conns_) set.resize(size_);
   p2p_conns_.resize(size_);
   // Both ends must pick the same transport: tell each peer what we were
   // asked for before deciding.
@@ -117,7 +124,9 @@ void Communicator::connect(Store& store, const std::string& name) {
     }
     const bool use_shm = cfg.transport == TransportChoice::Shm ||
                          (cfg.transport == TransportChoice::Auto && same_host);
-    for (int channel = 0; channel < kChannels; ++channel) {
+    // Connection `channel` is the collective set of that tag, or (last)
+    // point-to-point's.
+    for (int channel = 0; channel <= channels_; ++channel) {
       std::unique_ptr<Connection> conn;
       if (use_shm) {
         ShmOptions opts{cfg.shm_slot_bytes, cfg.shm_slots, cfg.shm_cma, cfg.cma_min_bytes};
@@ -127,7 +136,7 @@ void Communicator::connect(Store& store, const std::string& name) {
         TcpOptions opts{tcp_slot_bytes_, tcp_slots_};
         conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);
       }
-      (channel == 0 ? collective_conns_ : p2p_conns_)[p] = std::move(conn);
+      (channel < channels_ ? collective_conns_[channel] : p2p_conns_)[p] = std::move(conn);
     }
     WEFT_LOG(Info, rank_, "transport to rank " << p << ": " << transport_to(p));
   }
@@ -138,8 +147,10 @@ void Communicator::connect(Store& store, const std::string& name) {
   };
   // Control sockets carry nothing after setup and are never shut down on
   // purpose, so one that closed means the peer's process is gone.
+  std::vector<std::vector<Connection*>> by_tag;
+  for (const auto& set : collective_conns_) by_tag.push_back(raw(set));
   executor_ = std::make_unique<Executor>(
-      raw(collective_conns_),
+      std::move(by_tag),
       [this] {
         for (int p = 0; p < size_; ++p) {
           if (p != rank_ && mesh_->socket(p, kControlSocket).peer_closed()) return p;
@@ -367,7 +378,7 @@ bool Communicator::trying(Collective c, size_t bytes, bool in_place) const {
 
 std::string Communicator::transport_to(int peer) const {
   if (peer == rank_) return "self";
-  return collective_conns_.at(peer)->transport_name();
+  return collective_conns_.front().at(peer)->transport_name();
 }
 
 Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bool in_place,
@@ -382,7 +393,7 @@ Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bo
 
 PlanContext Communicator::plan_context(DataType dtype) const {
   return PlanContext{rank_,         size_, element_size(dtype), step_limit_bytes_,
-                     host_of_rank_, true,  shared_cpu_};
+                     host_of_rank_, true,  shared_cpu_,         channels_};
 }
 
 Plan Communicator::make_plan(const PlanKey& key, Algorithm a, DataType dtype, size_t max_step_bytes,
@@ -392,7 +403,11 @@ Plan Communicator::make_plan(const PlanKey& key, Algorithm a, DataType dtype, si
   if (max_step_bytes > 0) ctx.max_step_bytes = max_step_bytes;
   ctx.buffered_sends = buffered_sends;
   // A group schedule's ranks drive a device: their turns on CPUs order nothing.
-  if (!buffered_sends) ctx.shared_cpu.clear();
+  // and run one stream of steps.
+  if (!buffered_sends) {
+    ctx.shared_cpu.clear();
+    ctx.channels = 1;
+  }
   if (c == Collective::Barrier) return algo::barrier(ctx);
   WEFT_LOG(
       Info, rank_,
@@ -458,10 +473,13 @@ void Communicator::fail(const std::string& reason) {
     aborted_.store(true, std::memory_order_release);
   }
   if (p2p_) p2p_->fail_all(std::make_exception_ptr(AbortedError(reason)));
-  for (auto* conns : {&collective_conns_, &p2p_conns_}) {
-    for (auto& conn : *conns) {
+  for (auto& set : collective_conns_) {
+    for (auto& conn : set) {
       if (conn) conn->shutdown();
     }
+  }
+  for (auto& conn : p2p_conns_) {
+    if (conn) conn->shutdown();
   }
 }
 
@@ -638,7 +656,8 @@ std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t co
 std::shared_ptr<Work> Communicator::run_plan(Plan plan, const void* in, size_t in_count, void* out,
                                              size_t out_count, DataType dtype, ReduceOp op,
                                              bool async) {
-  algo::validate(plan, rank_, size_, in_count, out_count, element_size(dtype));
+  algo::validate(plan, rank_, size_, in_count, out_count, element_size(dtype),
+                 executor_->channel_tags());
   auto shared = std::make_shared<Plan>(std::move(plan));
   return submit("plan", in, out, dtype, op, out_count * element_size(dtype), async,
                 [shared]() -> const Plan& { return *shared; });

@@ -36,8 +36,10 @@ class Communicator {
   // `name` keeps several communicators on one store apart. timeout_s <= 0
   // takes WEFT_TIMEOUT_S. `algorithm` forces an algorithm family where an
   // operation has one ("" takes WEFT_ALGO; "auto" lets the tuner choose).
+  // `channels` is how many connection sets per peer carry collectives, and so
+  // how many channel tags a Plan may use (0 takes WEFT_CHANNELS).
   Communicator(Store& store, int rank, int size, const std::string& name, double timeout_s,
-               const std::string& algorithm = "");
+               const std::string& algorithm = "", int channels = 0);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -151,6 +153,7 @@ class Communicator {
 
   const int rank_;
   const int size_;
+  const int channels_;  // connection sets per peer for collectives
   std::atomic<double> timeout_s_;
   // Message and step sizes every rank derives alike from the transports in
   // use anywhere in the world, so that all ranks build matching Plans.
@@ -168,7 +171,8 @@ class Communicator {
   Algorithm forced_algorithm_ = Algorithm::Auto;
   std::unique_ptr<FamilyTrials> trials_;  // null where a family is forced or WEFT_TUNE=off
   std::unique_ptr<Mesh> mesh_;
-  std::vector<std::unique_ptr<Connection>> collective_conns_;
+  // collective_conns_[t][p]: channel tag t's connection to rank p.
+  std::vector<std::vector<std::unique_ptr<Connection>>> collective_conns_;
   std::vector<std::unique_ptr<Connection>> p2p_conns_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<P2pEngine> p2p_;

@@ -107,11 +107,11 @@ std::vector<BufferView> in_and_optional_out(const py::object& buf, const py::obj
 class PyCommunicator {
  public:
   PyCommunicator(py::object store, int rank, int size, const std::string& name,
-                 const py::object& timeout, const std::string& algo)
+                 const py::object& timeout, const std::string& algo, int channels)
       : store_(std::make_unique<PyStore>(std::move(store))) {
     double t = seconds(timeout);
     py::gil_scoped_release nogil;
-    comm_ = std::make_unique<Communicator>(*store_, rank, size, name, t, algo);
+    comm_ = std::make_unique<Communicator>(*store_, rank, size, name, t, algo, channels);
   }
 
   ~PyCommunicator() {
@@ -482,10 +482,11 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyCommunicator> communicator_class(m, "Communicator",
                                                 "A group of ranks that run collectives together.");
   communicator_class
-      .def(py::init<py::object, int, int, const std::string&, const py::object&,
-                    const std::string&>(),
+      .def(py::init<py::object, int, int, const std::string&, const py::object&, const std::string&,
+                    int>(),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::kw_only(),
-           py::arg("name") = "default", py::arg("timeout") = py::none(), py::arg("algo") = "")
+           py::arg("name") = "default", py::arg("timeout") = py::none(), py::arg("algo") = "",
+           py::arg("channels") = 0)
       .def_property_readonly("rank", &PyCommunicator::rank)
       .def_property_readonly("size", &PyCommunicator::size)
       .def_property("timeout", &PyCommunicator::timeout, &PyCommunicator::set_timeout,

@@ -49,12 +49,15 @@ py::dict export_plan(const Plan& plan) {
     d["finalize"] = s.finalize;
     d["wait_sends"] = s.wait_sends;
     d["copy_sends"] = s.copy_sends;
+    d["channel"] = s.channel;
+    d["after"] = s.after;
     steps.append(d);
   }
   py::dict out;
   out["algorithm"] = plan.algorithm;
   out["scratch"] = plan.scratch_count;
   out["steps"] = steps;
+  out["channel_tags"] = plan.channel_tags;
   return out;
 }
 
@@ -111,9 +114,18 @@ int import_peer(const py::dict& d, const char* key, const std::string& where) {
 
 Plan import_plan(const py::dict& d) {
   Plan plan;
-  only_keys(d, {"algorithm", "scratch", "steps"}, "plan");
+  only_keys(d, {"algorithm", "scratch", "steps", "channel_tags"}, "plan");
   plan.algorithm = field<std::string>(d, "algorithm", "plan");
   plan.scratch_count = field<size_t>(d, "scratch", "plan");
+  if (d.contains("channel_tags")) {
+    for (const py::handle tag : field<py::list>(d, "channel_tags", "plan")) {
+      if (!py::isinstance<py::int_>(tag) || py::isinstance<py::bool_>(tag) ||
+          tag.cast<long long>() < 0 || tag.cast<long long>() > 255) {
+        throw InvalidArgument("plan: channel_tags must be integers from 0 to 255");
+      }
+      plan.channel_tags.push_back(static_cast<uint8_t>(tag.cast<int>()));
+    }
+  }
   const auto steps = field<py::list>(d, "steps", "plan");
   for (size_t i = 0; i < steps.size(); ++i) {
     const std::string where = "plan step " + std::to_string(i);
@@ -121,7 +133,7 @@ Plan import_plan(const py::dict& d) {
     const auto s = steps[i].cast<py::dict>();
     only_keys(s,
               {"kind", "recv", "send", "local", "dst", "operand", "count", "finalize", "wait_sends",
-               "copy_sends"},
+               "copy_sends", "channel", "after"},
               where);
     Step step;
     const auto kind = field<std::string>(s, "kind", where);
@@ -144,6 +156,8 @@ Plan import_plan(const py::dict& d) {
     step.finalize = s.contains("finalize") && field<bool>(s, "finalize", where);
     step.wait_sends = s.contains("wait_sends") && field<bool>(s, "wait_sends", where);
     step.copy_sends = s.contains("copy_sends") && field<bool>(s, "copy_sends", where);
+    if (s.contains("channel")) step.channel = field<uint16_t>(s, "channel", where);
+    if (s.contains("after")) step.after = field<std::vector<uint32_t>>(s, "after", where);
     plan.steps.push_back(step);
   }
   return plan;
@@ -166,8 +180,8 @@ Plan build_plan(const PlanRequest& q) {
   if (q.elem_size == 0 || q.max_step_bytes == 0) {
     throw InvalidArgument("plan: elem_size and max_step_bytes must be positive");
   }
-  const PlanContext ctx{q.rank,           q.size,           q.elem_size, q.max_step_bytes,
-                        std::move(hosts), q.buffered_sends, q.shared_cpu};
+  const PlanContext ctx{q.rank,           q.size,           q.elem_size,  q.max_step_bytes,
+                        std::move(hosts), q.buffered_sends, q.shared_cpu, q.channels};
   if (q.collective == "alltoall") {
     const std::vector<size_t> counts(ranks, q.count);
     return algo::pairwise_alltoall(ctx, counts, counts);
@@ -184,21 +198,23 @@ void bind_plan_export(py::module_& topo) {
       [](const std::string& collective, const std::string& algorithm, int rank, int size,
          size_t count, size_t elem_size, int root, bool in_place, bool finalize,
          size_t max_step_bytes, std::vector<int> hosts, std::vector<int> shared_cpu,
-         bool buffered_sends) {
+         bool buffered_sends, int channels) {
+        if (channels < 1) throw InvalidArgument("plan: channels must be at least 1");
         return export_plan(build_plan({collective, algorithm, rank, size, count, elem_size, root,
                                        in_place, finalize, max_step_bytes, std::move(hosts),
-                                       std::move(shared_cpu), buffered_sends}));
+                                       std::move(shared_cpu), buffered_sends, channels}));
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::kw_only(), py::arg("elem_size") = 4, py::arg("root") = 0,
       py::arg("in_place") = false, py::arg("finalize") = false, py::arg("max_step_bytes") = 1 << 20,
       py::arg("hosts") = std::vector<int>{}, py::arg("shared_cpu") = std::vector<int>{},
-      py::arg("buffered_sends") = true,
+      py::arg("buffered_sends") = true, py::arg("channels") = 1,
       "Rank `rank`'s Plan of `collective` (allreduce, reduce_scatter, allgather, broadcast, "
       "reduce, barrier; alltoall, gather, scatter in the direct family) in family `algorithm`, "
       "as the executor runs it: dict(algorithm, scratch, steps), each step a dict(kind, recv, "
-      "send, local, dst, operand, count, finalize, wait_sends, copy_sends), spans as "
-      "(buffer, offset, count) in elements.");
+      "send, local, dst, operand, count, finalize, wait_sends, copy_sends, channel, after), "
+      "spans as (buffer, offset, count) in elements, and channel_tags (empty: one channel). "
+      "`channels` is how many channel tags the Plan may use (a communicator's WEFT_CHANNELS).");
 }
 
 }  // namespace weft::python

@@ -28,6 +28,7 @@ struct PlanRequest {
   std::vector<int> hosts;       // host index per rank; empty: one host
   std::vector<int> shared_cpu;  // Communicator.shared_cpu; empty: none
   bool buffered_sends = true;
+  int channels = 1;  // PlanContext::channels
 };
 
 // Throws InvalidArgument for an unknown name or lists of the wrong length.

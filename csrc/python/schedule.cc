@@ -37,9 +37,9 @@ void bind_schedule(py::module_& m) {
          size_t count, size_t elem_size, int root, bool in_place, bool finalize,
          std::optional<size_t> input_in_output, size_t max_step_bytes, std::vector<int> hosts,
          int max_inputs, std::vector<int> shared_cpu) {
-        const Plan plan =
-            build_plan({collective, algorithm, rank, size, count, elem_size, root, in_place,
-                        finalize, max_step_bytes, std::move(hosts), std::move(shared_cpu), false});
+        const Plan plan = build_plan({collective, algorithm, rank, size, count, elem_size, root,
+                                      in_place, finalize, max_step_bytes, std::move(hosts),
+                                      std::move(shared_cpu), false, 1});
         const group::Schedule s = group::schedule(plan, elem_size, input_in_output, max_inputs);
         py::list actions;
         for (const group::Action& a : s.actions) {

@@ -114,6 +114,10 @@ struct PlanContext {
   // the same CPU (a rank alone on its CPU has a value of its own); -1 for a
   // rank placement does not spread. Empty where no ranks are spread so.
   std::vector<int> shared_cpu;
+  // How many channel tags a Plan may use (the communicator's connection
+  // sets per peer, WEFT_CHANNELS): generators that can run several channels
+  // plan as many as this allows.
+  int channels = 1;
 };
 
 // a mod n in [0, n), for rank arithmetic around a ring or tree.

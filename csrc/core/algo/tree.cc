@@ -7,7 +7,9 @@
 // kDoubleTreeMinBytes takes one tree instead: a wide one on one host
 // (algorithms.h), the first binary tree across hosts. Large
 // buffers go in rounds whose chunks fit in half a connection's buffering, as
-// in the ring.
+// in the ring. Where the world has two channels, reductions run on one and
+// broadcasts on the other, so a round's reduction goes up while the round
+// before comes down, instead of waiting for it to reach the leaves.
 #include <algorithm>
 
 #include "core/algo/algorithms.h"
@@ -159,6 +161,8 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
   const TreeNode trees[2] = {split == 1 && one_host ? wide_tree_node(ctx.rank, ctx.size)
                                                     : double_tree_node(ctx.rank, ctx.size, 0),
                              double_tree_node(ctx.rank, ctx.size, 1)};
+  const bool two_channels = ctx.channels >= 2 && ctx.buffered_sends;
+  if (two_channels) plan.channel_tags = {0, 1};
   for (size_t base = 0; base < count; base += split * limit) {
     const size_t round = std::min(split * limit, count - base);
     Span share[2];  // each tree's part of the round
@@ -167,13 +171,25 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
                                   part_count(round, split, t)}
                            : Span{Buf::Output, base, 0};
     }
+    size_t reduced[2];  // index of each tree's last reduction step (at its root, the result)
     for (int t = 0; t < 2; ++t) {
       const Span in{Buf::Input, share[t].offset, share[t].count};
       reduce_up(trees[t], in, share[t], share[t], finalize, plan.steps);
+      reduced[t] = plan.steps.size() - 1;
     }
     // In place, the broadcast overwrites Input that went up by reference;
     // the result that overwrites it exists only once that was consumed.
-    for (int t = 0; t < 2; ++t) broadcast_down(trees[t], share[t], plan.steps);
+    for (int t = 0; t < 2; ++t) {
+      const size_t first = plan.steps.size();
+      broadcast_down(trees[t], share[t], plan.steps);
+      if (!two_channels) continue;
+      for (size_t i = first; i < plan.steps.size(); ++i) {
+        plan.steps[i].channel = 1;
+        // A root's broadcast sends what its reduction wrote; elsewhere the
+        // parent's message comes only after the reduction passed through.
+        if (trees[t].parent < 0) plan.steps[i].after = {static_cast<uint32_t>(reduced[t])};
+      }
+    }
   }
   return plan;
 }

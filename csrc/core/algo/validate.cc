@@ -1,7 +1,10 @@
 #include "core/algo/validate.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "core/common/error.h"
 
@@ -19,17 +22,47 @@ bool same(const Span& a, const Span& b) {
 }  // namespace
 
 void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_count,
-              size_t elem_size) {
+              size_t elem_size, size_t tags) {
+  const auto refuse = [&](const std::string& what) {
+    throw InvalidArgument("plan '" + plan.algorithm + "' on rank " + std::to_string(rank) + ": " +
+                          what);
+  };
   if (elem_size == 0 || plan.scratch_count > SIZE_MAX / elem_size) {
-    throw InvalidArgument("plan '" + plan.algorithm + "': scratch of " +
-                          std::to_string(plan.scratch_count) + " elements is beyond memory");
+    refuse("scratch of " + std::to_string(plan.scratch_count) + " elements is beyond memory");
   }
+  for (size_t c = 0; c < plan.channel_tags.size(); ++c) {
+    if (plan.channel_tags[c] >= tags) {
+      refuse("channel " + std::to_string(c) + " has tag " + std::to_string(plan.channel_tags[c]) +
+             ", but this communicator has " + std::to_string(tags) +
+             " connection sets per peer; create it with WEFT_CHANNELS=" +
+             std::to_string(plan.channel_tags[c] + 1) + " or more");
+    }
+  }
+  // The channel using each (tag, peer, direction): one at most.
+  std::map<std::tuple<int, int, bool>, uint16_t> user;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& s = plan.steps[i];
     const auto fail = [&](const std::string& what) {
-      throw InvalidArgument("plan '" + plan.algorithm + "' on rank " + std::to_string(rank) +
-                            ", step " + std::to_string(i) + ": " + what);
+      refuse("step " + std::to_string(i) + ": " + what);
     };
+    if (s.channel >= plan.channel_count()) {
+      fail("channel " + std::to_string(s.channel) + " is not one of the plan's " +
+           std::to_string(plan.channel_count()));
+    }
+    for (uint32_t d : s.after) {
+      if (d >= i) fail("waits for step " + std::to_string(d) + ", which is not an earlier one");
+    }
+    const int tag = plan.channel_tags.empty() ? 0 : plan.channel_tags[s.channel];
+    for (const auto& [peer, sending] : {std::pair{s.recv_peer, false}, {s.send_peer, true}}) {
+      if (peer < 0 || peer >= size) continue;
+      const auto [at, fresh] = user.emplace(std::make_tuple(tag, peer, sending), s.channel);
+      if (!fresh && at->second != s.channel) {
+        fail("channels " + std::to_string(at->second) + " and " + std::to_string(s.channel) +
+             " both " + (sending ? "send to" : "receive from") + " rank " + std::to_string(peer) +
+             " on tag " + std::to_string(tag) +
+             ", so their messages would interleave; give one a tag of its own");
+      }
+    }
     for (int peer : {s.recv_peer, s.send_peer}) {
       if (peer >= size || peer == rank || peer < -1) {
         fail("peer " + std::to_string(peer) + " is not another rank of " + std::to_string(size));

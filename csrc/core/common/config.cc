@@ -88,6 +88,11 @@ Config parse() {
   c.shm_slots = env_long("WEFT_SHM_SLOTS", c.shm_slots);
   c.tcp_slot_bytes = env_long("WEFT_TCP_SLOT_BYTES", c.tcp_slot_bytes);
   c.tcp_slots = env_long("WEFT_TCP_SLOTS", c.tcp_slots);
+  c.channels = static_cast<int>(env_long("WEFT_CHANNELS", c.channels));
+  if (c.channels < 1 || c.channels > 16) {
+    throw InvalidArgument("WEFT_CHANNELS=" + std::to_string(c.channels) +
+                          ": give 1 to 16 connection sets per peer");
+  }
   c.tcp_geometry_set = env("WEFT_TCP_SLOT_BYTES") || env("WEFT_TCP_SLOTS");
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);

@@ -28,6 +28,7 @@ struct Config {
   int shm_slots = 8;                                  // WEFT_SHM_SLOTS
   size_t tcp_slot_bytes = 1024 * 1024;                // WEFT_TCP_SLOT_BYTES
   int tcp_slots = 4;                                  // WEFT_TCP_SLOTS
+  int channels = 2;                                   // WEFT_CHANNELS: connection sets per peer
   bool tcp_geometry_set = false;                      // either one set: no crowding rule
   bool shm_cma = false;                               // WEFT_SHM_CMA=1: process_vm_readv transfers
   size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES

@@ -1,6 +1,7 @@
 #include "core/exec/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <sstream>
 #include <thread>
@@ -27,12 +28,53 @@ Backoff::SocketWait socket_wait(const Plan& plan, size_t elem, size_t yielding_s
                                                : Backoff::SocketWait::Sleep;
 }
 
-// The state of one Plan run: buffers, the peers it touches, waiting.
+// What a blocked channel waits for: a connection to move (receiving, or
+// room to send), which the idle round may sleep on and a timeout names.
+struct Wait {
+  Connection* connection;
+  bool receiving;
+  const char* what;  // "receive from", "send to", "finish sending to"
+  int peer;
+  size_t lane;  // the waiting channel
+};
+
+// One side of an Exchange: a cursor over the messages of a span.
+struct Cursor {
+  char* start = nullptr;
+  char* ptr = nullptr;
+  size_t bytes = 0;  // left to move
+  size_t slice = 0;
+  bool pending = false;  // at least one message still to move
+};
+
+// Where a channel is inside its current step, so that a step blocked on a
+// connection resumes there while the rank's other channels move on.
+struct StepProgress {
+  bool begun = false;     // dependencies met, earlier sends waited for
+  size_t off = 0;         // Fused: elements already moved
+  void* slot = nullptr;   // Fused: the send slot this slice fills
+  bool emitted = false;   // Fused: this slice's data is in slot or dst
+  bool received = false;  // Fused forward through staging: dst holds it
+  Cursor out, in;         // Exchange
+};
+
+// One channel of the running Plan: its steps (indices into Plan::steps, or
+// all of them in order for a Plan of one channel) and where it is.
+struct Lane {
+  std::vector<uint32_t> order;
+  size_t steps = 0;  // how many
+  size_t next = 0;   // position of the current step
+  uint8_t tag = 0;
+  StepProgress progress;
+};
+
+// The state of one Plan run: buffers, the connections it touches, its
+// channels, waiting.
 class Run {
  public:
-  Run(const std::vector<Connection*>& connections, const std::function<int()>& departed_peer,
-      const std::function<std::string()>& abort_reason, const Plan& plan, const OpBuffers& buffers,
-      const OpContext& op)
+  Run(const std::vector<std::vector<Connection*>>& connections,
+      const std::function<int()>& departed_peer, const std::function<std::string()>& abort_reason,
+      const Plan& plan, const OpBuffers& buffers, const OpContext& op)
       : conns_(connections),
         departed_peer_(departed_peer),
         abort_reason_(abort_reason),
@@ -41,36 +83,124 @@ class Run {
         op_(op),
         elem_(element_size(op.dtype)),
         backoff_(op.timeout_s, socket_wait(plan, elem_, op.yielding_step_bytes)) {
-    std::vector<bool> seen(conns_.size(), false);
+    const size_t channels = plan.channel_count();
+    lanes_.resize(channels);
+    if (channels == 1) {
+      lanes_[0].steps = plan.steps.size();
+    } else {
+      for (size_t c = 0; c < channels; ++c) lanes_[c].tag = plan.channel_tags[c];
+      for (size_t i = 0; i < plan.steps.size(); ++i) {
+        lanes_[plan.steps[i].channel].order.push_back(static_cast<uint32_t>(i));
+      }
+      for (Lane& lane : lanes_) lane.steps = lane.order.size();
+      done_.assign(plan.steps.size(), false);
+    }
+    const size_t peers = conns_.front().size();
+    std::vector<bool> seen(conns_.size() * peers, false);
     for (const Step& s : plan.steps) {
+      const uint8_t tag = tag_of(s);
       for (int peer : {s.recv_peer, s.send_peer}) {
-        if (peer >= 0 && !seen[peer]) {
-          seen[peer] = true;
-          active_.push_back(peer);
+        if (peer >= 0 && !seen[tag * peers + peer]) {
+          seen[tag * peers + peer] = true;
+          active_.push_back({conns_[tag][peer], peer, tag});
         }
       }
     }
   }
 
   void execute() {
-    for (int peer : active_) conns_[peer]->set_operation(op_.signature);
-    for (step_index_ = 0; step_index_ < plan_.steps.size(); ++step_index_) {
-      const Step& s = plan_.steps[step_index_];
-      WEFT_LOG(Trace, op_.rank,
-               op_.name << " #" << op_.seq << " step " << step_index_ + 1 << "/"
-                        << plan_.steps.size() << " recv_from=" << s.recv_peer
-                        << " send_to=" << s.send_peer << " count=" << s.count);
-      if (s.wait_sends) wait_sends_complete();
-      switch (s.kind) {
-        case Step::Kind::Fused: run_fused(s); break;
-        case Step::Kind::Exchange: run_exchange(s); break;
-        case Step::Kind::LocalReduce: run_local_reduce(s); break;
+    for (const Active& a : active_) a.connection->set_operation(op_.signature);
+    for (;;) {
+      if (advance_all()) break;
+      if (moved_) {
+        backoff_.reset();
+        continue;
       }
+      poll();
+      if (advance_all()) break;
+      if (moved_) {
+        backoff_.reset();
+        continue;
+      }
+      idle();
     }
-    wait_sends_complete();
+    for (const Active& a : active_) {
+      wait_until([&] { return a.connection->sends_complete(); }, "finish sending to", a.peer,
+                 a.connection, false);
+    }
   }
 
  private:
+  struct Active {
+    Connection* connection;
+    int peer;
+    uint8_t tag;
+  };
+
+  uint8_t tag_of(const Step& s) const {
+    return plan_.channel_tags.empty() ? 0 : plan_.channel_tags[s.channel];
+  }
+  Connection* connection(const Step& s, int peer) const {
+    return peer >= 0 ? conns_[tag_of(s)][peer] : nullptr;
+  }
+  size_t step_index(const Lane& lane) const {
+    return lane.order.empty() ? lane.next : lane.order[lane.next];
+  }
+
+  // Moves every channel as far as its connections allow without waiting.
+  // True once every channel has finished; moved_ says whether anything
+  // moved, waits_ what the blocked channels wait for.
+  bool advance_all() {
+    moved_ = false;
+    waits_count_ = 0;
+    bool finished = true;
+    for (size_t c = 0; c < lanes_.size(); ++c) {
+      lane_ = c;
+      Lane& lane = lanes_[c];
+      while (lane.next < lane.steps) {
+        const size_t index = step_index(lane);
+        if (!advance_step(lane, plan_.steps[index], index)) break;
+        if (!done_.empty()) done_[index] = true;
+        lane.progress = StepProgress{};
+        ++lane.next;
+        moved_ = true;
+      }
+      finished = finished && lane.next == lane.steps;
+    }
+    return finished;
+  }
+
+  // True once the step has finished.
+  bool advance_step(Lane& lane, const Step& s, size_t index) {
+    StepProgress& p = lane.progress;
+    if (!p.begun) {
+      // (With one channel, every earlier step has finished.)
+      for (uint32_t d : s.after) {
+        if (!done_.empty() && !done_[d]) return false;  // another channel will get there
+      }
+      if (s.wait_sends) {
+        for (const Active& a : active_) {
+          if (a.tag == lane.tag && !a.connection->sends_complete()) {
+            blocked(a.connection, false, "finish sending to", a.peer);
+            return false;
+          }
+        }
+      }
+      p.begun = true;
+      WEFT_LOG(Trace, op_.rank,
+               op_.name << " #" << op_.seq << " step " << index + 1 << "/" << plan_.steps.size()
+                        << " channel " << s.channel << " recv_from=" << s.recv_peer
+                        << " send_to=" << s.send_peer << " count=" << s.count);
+      if (s.kind == Step::Kind::Exchange) begin_exchange(s, p);
+    }
+    switch (s.kind) {
+      case Step::Kind::Fused: return advance_fused(s, p);
+      case Step::Kind::Exchange: return advance_exchange(s, p);
+      case Step::Kind::LocalReduce: run_local_reduce(s); return true;
+    }
+    return true;
+  }
+
   char* address(const Span& span) const {
     char* base = nullptr;
     switch (span.buf) {
@@ -85,24 +215,28 @@ class Run {
     return (s.finalize && op_.op == ReduceOp::Avg) ? op_.size : 0;
   }
 
-  std::string where(const char* waiting_for, int peer) const {
+  // "allreduce #3 (ring, step 2/6) on rank 1 waiting to receive from rank 0";
+  // a Plan of several channels names the channel and its step.
+  std::string where(const char* waiting_for, int peer, size_t lane_index) const {
     std::ostringstream msg;
-    msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ", step " << step_index_ + 1
-        << "/" << plan_.steps.size() << ") on rank " << op_.rank << " waiting to " << waiting_for
-        << " rank " << peer;
+    const Lane& lane = lanes_[lane_index];
+    msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ", ";
+    if (lanes_.size() > 1) msg << "channel " << lane_index << " ";
+    msg << "step " << std::min(lane.next + 1, lane.steps) << "/" << lane.steps << ") on rank "
+        << op_.rank << " waiting to " << waiting_for << " rank " << peer;
     return msg.str();
   }
 
   // progress() on every connection this op uses; a failure names the peer.
   void poll() {
     throw_if_aborted();
-    for (int peer : active_) {
+    for (const Active& a : active_) {
       try {
-        conns_[peer]->progress();
+        a.connection->progress();
       } catch (const OutOfStepError& e) {
-        throw_out_of_step(peer, e.what());
+        throw_out_of_step(a.peer, e.what());
       } catch (const PeerError& e) {
-        throw_lost_with_cause(peer, e.what());
+        throw_lost_with_cause(a.peer, e.what());
       }
     }
   }
@@ -163,21 +297,55 @@ class Run {
     throw_lost(closed_peer, why);
   }
 
+  // Records what the current channel waits for (an Exchange waits on two).
+  void blocked(Connection* connection, bool receiving, const char* what, int peer) {
+    if (waits_count_ < waits_.size()) {
+      waits_[waits_count_] = Wait{connection, receiving, what, peer, lane_};
+    }
+    ++waits_count_;
+  }
+
+  // One attempt to move: true if it moved; otherwise the channel is blocked.
+  template <typename Attempt>
+  bool attempt(Attempt move, Connection* connection, bool receiving, const char* what, int peer) {
+    if (checked(move, peer)) {
+      moved_ = true;
+      return true;
+    }
+    blocked(connection, receiving, what, peer);
+    return false;
+  }
+
+  // An idle round over what the channels wait for: sleeps on those
+  // connections where there are at most two, else naps blind.
+  void idle() {
+    const auto describe = [&] {
+      if (waits_count_ == 0) {
+        return std::string(op_.name) + " #" + std::to_string(op_.seq) + " (" + plan_.algorithm +
+               ") on rank " + std::to_string(op_.rank) + " waiting on its own channels";
+      }
+      return where(waits_[0].what, waits_[0].peer, waits_[0].lane);
+    };
+    if (waits_count_ == 1) {
+      backoff_.idle(describe, {{waits_[0].connection, waits_[0].receiving}});
+    } else if (waits_count_ == 2) {
+      backoff_.idle(describe, {{waits_[0].connection, waits_[0].receiving},
+                               {waits_[1].connection, waits_[1].receiving}});
+    } else {
+      backoff_.idle(describe);
+    }
+  }
+
   // Calls `attempt` until it returns true, polling and backing off between.
   template <typename Attempt>
-  void wait_until(Attempt attempt, const char* waiting_for, int peer, bool receiving) {
+  void wait_until(Attempt attempt, const char* waiting_for, int peer, Connection* connection,
+                  bool receiving) {
     while (!checked(attempt, peer)) {
       poll();
       if (checked(attempt, peer)) break;
-      backoff_.idle([&] { return where(waiting_for, peer); }, {{conns_[peer], receiving}});
+      backoff_.idle([&] { return where(waiting_for, peer, 0); }, {{connection, receiving}});
     }
     backoff_.reset();
-  }
-
-  void wait_sends_complete() {
-    for (int peer : active_) {
-      wait_until([&] { return conns_[peer]->sends_complete(); }, "finish sending to", peer, false);
-    }
   }
 
   // Writes `a` (op) `b` — or `a` alone when b is null — into dst and/or slot.
@@ -197,77 +365,83 @@ class Run {
     }
   }
 
-  void run_fused(const Step& s) {
-    if (s.count == 0) return;
-    Connection* rc = s.recv_peer >= 0 ? conns_[s.recv_peer] : nullptr;
-    Connection* sc = s.send_peer >= 0 ? conns_[s.send_peer] : nullptr;
+  // Streams a Fused step slice by slice until it ends (true) or a connection
+  // blocks it (false: p holds where the slice stands).
+  bool advance_fused(const Step& s, StepProgress& p) {
+    Connection* rc = connection(s, s.recv_peer);
+    Connection* sc = connection(s, s.send_peer);
     // Sender and receiver must cut the stream identically: one slice size
     // for the whole world, whatever connections this rank's step uses.
     const size_t slice = std::max<size_t>(1, op_.slice_bytes / elem_);
     const int div = divisor(s);
-    for (size_t off = 0; off < s.count; off += slice) {
-      const size_t len = std::min(slice, s.count - off);
+    for (; p.off < s.count; p.off += std::min(slice, s.count - p.off)) {
+      const size_t len = std::min(slice, s.count - p.off);
       const size_t bytes = len * elem_;
-      const char* local = s.local ? address(*s.local) + off * elem_ : nullptr;
-      char* dst = s.dst ? address(*s.dst) + off * elem_ : nullptr;
+      const char* local = s.local ? address(*s.local) + p.off * elem_ : nullptr;
+      char* dst = s.dst ? address(*s.dst) + p.off * elem_ : nullptr;
+      const auto send = [&](const void* from) {
+        return attempt([&] { return sc->send_from(from, bytes); }, sc, false, "send to",
+                       s.send_peer);
+      };
+      const auto receive = [&](bool streaming) {
+        return attempt(
+            [&] {
+              return streaming ? rc->recv_into_streaming(dst, bytes) : rc->recv_into(dst, bytes);
+            },
+            rc, true, "receive from", s.recv_peer);
+      };
       // Plain send of memory that already holds the data: let the transport
       // pick copy or reference.
       if (!rc && sc && !dst && div == 0 && !s.copy_sends) {
-        wait_until([&] { return sc->send_from(local, bytes); }, "send to", s.send_peer, false);
+        if (!send(local)) return false;
         continue;
       }
       // Plain receive into its destination: straight into place.
       if (rc && !sc && !local && div == 0) {
-        wait_until(
-            [&] {
-              return op_.streaming ? rc->recv_into_streaming(dst, bytes)
-                                   : rc->recv_into(dst, bytes);
-            },
-            "receive from", s.recv_peer, true);
+        if (!receive(op_.streaming)) return false;
         continue;
       }
       // A forward whose message arrives through staging copies (tcp):
       // straight into place, and on from there (below).
       if (rc && sc && dst && !local && div == 0 && rc->stages_by_copy()) {
-        wait_until([&] { return rc->recv_into(dst, bytes); }, "receive from", s.recv_peer, true);
-        wait_until([&] { return sc->send_from(dst, bytes); }, "send to", s.send_peer, false);
+        if (!p.received && !receive(false)) return false;
+        p.received = true;
+        if (!send(dst)) return false;
+        p.received = false;
         continue;
       }
       // What a step writes into dst is the op's result there, so where
       // staging a send costs a copy, dst goes out by reference instead.
       const bool send_dst = sc && dst && sc->stages_by_copy();
-      void* slot = nullptr;
-      if (sc && !send_dst) {
-        wait_until([&] { return (slot = sc->send_slot()) != nullptr; }, "send to", s.send_peer,
-                   false);
+      if (sc && !send_dst && !p.slot &&
+          !attempt([&] { return (p.slot = sc->send_slot()) != nullptr; }, sc, false, "send to",
+                   s.send_peer)) {
+        return false;
       }
-      const void* incoming = nullptr;
-      if (rc) {
-        wait_until([&] { return (incoming = rc->recv_slot(bytes)) != nullptr; }, "receive from",
-                   s.recv_peer, true);
-      }
-      if (incoming) {
-        emit(incoming, local, dst, slot, len, div, send_dst);
-        rc->release_recv();
-      } else {
-        emit(local, nullptr, dst, slot, len, div, send_dst);
+      if (!p.emitted) {
+        if (rc) {
+          const void* incoming = nullptr;
+          if (!attempt([&] { return (incoming = rc->recv_slot(bytes)) != nullptr; }, rc, true,
+                       "receive from", s.recv_peer)) {
+            return false;
+          }
+          emit(incoming, local, dst, p.slot, len, div, send_dst);
+          rc->release_recv();
+        } else {
+          emit(local, nullptr, dst, p.slot, len, div, send_dst);
+        }
+        p.emitted = true;
       }
       if (send_dst) {
-        wait_until([&] { return sc->send_from(dst, bytes); }, "send to", s.send_peer, false);
+        if (!send(dst)) return false;
       } else if (sc) {
         sc->post_send(bytes);
       }
+      p.slot = nullptr;
+      p.emitted = false;
     }
+    return true;
   }
-
-  // One side of an Exchange: a cursor over the messages of a span.
-  struct Cursor {
-    char* start = nullptr;
-    char* ptr = nullptr;
-    size_t bytes = 0;  // left to move
-    size_t slice = 0;
-    bool pending = false;  // at least one message still to move
-  };
 
   Cursor cursor(const std::optional<Span>& span, Connection* conn) const {
     Cursor c;
@@ -277,6 +451,11 @@ class Run {
     c.slice = std::max<size_t>(elem_, op_.slice_bytes / elem_ * elem_);
     c.pending = true;
     return c;
+  }
+
+  void begin_exchange(const Step& s, StepProgress& p) const {
+    p.out = cursor(s.local, connection(s, s.send_peer));
+    p.in = cursor(s.dst, connection(s, s.recv_peer));
   }
 
   // Moves one message if the connection accepts it now.
@@ -290,51 +469,45 @@ class Run {
     return true;
   }
 
-  void run_exchange(const Step& s) {
-    Connection* sc = s.send_peer >= 0 ? conns_[s.send_peer] : nullptr;
-    Connection* rc = s.recv_peer >= 0 ? conns_[s.recv_peer] : nullptr;
-    Cursor out = cursor(s.local, sc);
-    Cursor in = cursor(s.dst, rc);
+  // Moves both sides of an Exchange until it ends (true) or both block.
+  bool advance_exchange(const Step& s, StepProgress& p) {
+    Connection* sc = connection(s, s.send_peer);
+    Connection* rc = connection(s, s.recv_peer);
+    Cursor& out = p.out;
+    Cursor& in = p.in;
     const char* operand = s.operand ? address(*s.operand) : nullptr;
     const int div = divisor(s);
     // Received bytes reduced with the operand, which follows the dst cursor.
-    auto receive_reduced = [&](char* p, size_t n) {
+    auto receive_reduced = [&](char* at, size_t n) {
       const void* incoming = rc->recv_slot(n);
       if (!incoming) return false;
-      const char* with = operand + (p - in.start);
-      reduce::reduce(p, nullptr, incoming, with, n / elem_, op_.dtype, op_.op, div, false);
+      const char* with = operand + (at - in.start);
+      reduce::reduce(at, nullptr, incoming, with, n / elem_, op_.dtype, op_.op, div, false);
       rc->release_recv();
       return true;
     };
     while (out.pending || in.pending) {
       bool moved = false;
       if (out.pending) {
-        moved |= advance(out, [&](char* p, size_t n) { return sc->send_from(p, n); });
+        moved |= advance(out, [&](char* at, size_t n) { return sc->send_from(at, n); });
       }
       if (in.pending) {
         moved |= checked(
             [&] {
-              return operand ? advance(in, receive_reduced)
-                             : advance(in, [&](char* p, size_t n) { return rc->recv_into(p, n); });
+              return operand
+                         ? advance(in, receive_reduced)
+                         : advance(in, [&](char* at, size_t n) { return rc->recv_into(at, n); });
             },
             s.recv_peer);
       }
-      if (moved) {
-        backoff_.reset();
-        continue;
+      if (!moved) {
+        if (in.pending) blocked(rc, true, "receive from", s.recv_peer);
+        if (out.pending) blocked(sc, false, "send to", s.send_peer);
+        return false;
       }
-      poll();
-      const auto describe = [&] {
-        return in.pending ? where("receive from", s.recv_peer) : where("send to", s.send_peer);
-      };
-      if (in.pending && out.pending) {
-        backoff_.idle(describe, {{rc, true}, {sc, false}});
-      } else if (in.pending) {
-        backoff_.idle(describe, {{rc, true}});
-      } else {
-        backoff_.idle(describe, {{sc, false}});
-      }
+      moved_ = true;
     }
+    return true;
   }
 
   void run_local_reduce(const Step& s) {
@@ -349,7 +522,7 @@ class Run {
     }
   }
 
-  const std::vector<Connection*>& conns_;
+  const std::vector<std::vector<Connection*>>& conns_;
   const std::function<int()>& departed_peer_;
   const std::function<std::string()>& abort_reason_;
   const Plan& plan_;
@@ -357,14 +530,19 @@ class Run {
   const OpContext& op_;
   const size_t elem_;
   Backoff backoff_;
-  std::vector<int> active_;
-  size_t step_index_ = 0;
+  std::vector<Active> active_;
+  std::vector<Lane> lanes_;
+  std::vector<bool> done_;  // per step, for Step::after (several channels only)
+  size_t lane_ = 0;         // the channel advance_all() is moving
+  bool moved_ = false;
+  std::array<Wait, 2> waits_{};  // the first two of waits_count_
+  size_t waits_count_ = 0;
 };
 
 }  // namespace
 
-Executor::Executor(std::vector<Connection*> connections, std::function<int()> departed_peer,
-                   std::function<std::string()> abort_reason)
+Executor::Executor(std::vector<std::vector<Connection*>> connections,
+                   std::function<int()> departed_peer, std::function<std::string()> abort_reason)
     : connections_(std::move(connections)),
       departed_peer_(std::move(departed_peer)),
       abort_reason_(std::move(abort_reason)) {}

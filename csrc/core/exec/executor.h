@@ -1,6 +1,7 @@
-// Runs a Plan for this rank over the connections of one channel: steps in
-// order, each streamed in slot-sized slices, waiting with Backoff and naming
-// the operation, its sequence number and the peer in every error.
+// Runs a Plan for this rank: its channels progressed together on the calling
+// thread, each channel's steps in order, each step streamed in slot-sized
+// slices; waits with Backoff and names the operation, its sequence number,
+// the step and the peer in every error.
 #pragma once
 
 #include <cstdint>
@@ -41,19 +42,23 @@ struct OpContext {
 
 class Executor {
  public:
-  // connections[p] is the connection to rank p (null for this rank).
+  // connections[t][p] is the connection of channel tag t to rank p (null
+  // for this rank); a Plan's channel tags must be below connections.size().
   // departed_peer() names a rank whose process is gone, or returns -1: used
   // to blame the right rank when a peer closes because another one died.
   // abort_reason() says why the communicator was aborted (empty while it is
   // not): a wait checks it, so that an abort from another thread ends it.
-  Executor(std::vector<Connection*> connections, std::function<int()> departed_peer,
+  Executor(std::vector<std::vector<Connection*>> connections, std::function<int()> departed_peer,
            std::function<std::string()> abort_reason);
 
   // Throws PeerError/TimeoutError with the operation's context.
   void run(const Plan& plan, const OpBuffers& buffers, const OpContext& op);
 
+  // How many channel tags a Plan may use here.
+  size_t channel_tags() const { return connections_.size(); }
+
  private:
-  std::vector<Connection*> connections_;
+  std::vector<std::vector<Connection*>> connections_;
   std::function<int()> departed_peer_;
   std::function<std::string()> abort_reason_;
 };

@@ -62,6 +62,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--np", type=int, help="ranks to launch (default 2; under a launcher: its ranks)")
     add("--vs", type=comma_list(lineup.PEERS), default=[], help=f"peers: {', '.join(lineup.PEERS)}")
     add(
+        "--channels",
+        type=comma_list([str(n) for n in range(1, 17)]),
+        default=[],
+        help="weft's connection sets per peer (WEFT_CHANNELS), a comma list: each a variant "
+        "of its own in the same launch; default $WEFT_CHANNELS or 2",
+    )
+    add(
+        "--plan",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also measure the weft.topo Algorithm in FILE (JSON), checked first; repeatable",
+    )
+    add(
+        "--msccl",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also measure the MSCCL algorithm in FILE (XML), imported and checked; repeatable",
+    )
+    add(
         "--algo",
         type=comma_list(None),
         default=[os.environ.get("WEFT_ALGO") or "auto"],
@@ -95,6 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "run no benchmark",
     )
     args = p.parse_args(argv)
+    args.channels = [int(n) for n in args.channels]
     if "all" in args.op:
         args.op = list(OPS)
     if "all" in args.transport:
@@ -116,12 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     launcher = launch.detect()
     if launcher and args.np not in (None, launcher.size):
         sys.exit(f"weft-bench: --np {args.np}, but {launcher.name} started {launcher.size}")
-    size = launcher.size if launcher else (args.np or 2)
+    files = lineup.algorithm_files(args.plan, args.msccl)
+    size = launcher.size if launcher else (args.np or lineup.ranks_of(files) or 2)
     if args.tune:
         return tune.run(args.tune, size, launcher, args.timeout)
     store = launch.rendezvous(launcher) if launcher else None
     hosts = launch.count_hosts(store, launcher) if launcher else 1
-    entries = lineup.weft_entries(args.algo, args.transport, args.op, hosts)
+    entries = lineup.weft_entries(args.algo, args.transport, args.op, hosts, args.channels)
+    entries += lineup.algorithm_entries(files, args.transport, size)
     if launcher and len(args.transport) > 1:
         sys.exit(
             f"weft-bench: under {launcher.name}, one --transport per run (weft reads "
@@ -204,7 +230,13 @@ def run_group(group, repeat, plan, args, size, launcher, store, progress, runs) 
         "plan": {**plan, "ops": list(dict.fromkeys(op for e in group for op in e.ops))},
         "progress": path,
         "variants": [
-            {"name": e.name, "algo": e.env.get("WEFT_ALGO"), "ops": e.ops}
+            {
+                "name": e.name,
+                "algo": e.env.get("WEFT_ALGO"),
+                "ops": e.ops,
+                "plan": e.plan,
+                "channels": e.channels,
+            }
             for e in group[repeat % len(group) :] + group[: repeat % len(group)]
         ],
     }

@@ -86,7 +86,19 @@ def rank_main(rank: int, size: int, store, job: dict) -> dict:
 def run_variants(job: dict, rank: int, size: int, store, local_rank: int) -> dict:
     """run_plan over a system per variant of `job` (each weft algorithm its communicator)."""
     variants = {
-        v["name"]: (systems.create(job["kind"], rank, size, store, local_rank, v["algo"]), v["ops"])
+        v["name"]: (
+            systems.create(
+                job["kind"],
+                rank,
+                size,
+                store,
+                local_rank,
+                v["algo"],
+                v.get("plan"),
+                v.get("channels"),
+            ),
+            v["ops"],
+        )
         for v in job["variants"]
     }
     step = step_writer(job["progress"] if rank == 0 else None)

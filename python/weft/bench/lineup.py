@@ -27,6 +27,8 @@ class Entry:
     status: str = "ok"  # ok, skipped or failed
     reason: str | None = None
     info: dict = field(default_factory=dict)  # what the launch reported (e.g. MPI's library)
+    plan: dict | None = None  # an Algorithm file to run: path, format, name
+    channels: int = 0  # the communicator's connection sets per peer (0: WEFT_CHANNELS)
 
     def describe(self) -> dict:
         """The entry as the JSON "systems" list has it."""
@@ -41,12 +43,17 @@ class Entry:
 
 
 def weft_entries(
-    algos: list[str], transports: list[str], ops: list[str], hosts: int = 1
+    algos: list[str],
+    transports: list[str],
+    ops: list[str],
+    hosts: int = 1,
+    channels: list[int] | None = None,
 ) -> list[Entry]:
     """One entry per (algorithm, transport). With --algo all, every algorithm weft has for
     the ops asked on ranks spread over `hosts` hosts, each measured on the ops it applies to;
     a named algorithm runs every op, and weft refuses the ops it does not apply to (reported
-    with weft's message)."""
+    with weft's message). Each of `channels` (connection sets per peer) makes a variant of
+    its own, named with it."""
     import weft
 
     def families(op: str) -> list[str]:
@@ -60,10 +67,59 @@ def weft_entries(
         applies = [op for op in ops if algo in families(op)]
         runs = applies if every else ops
         for transport in transports:
-            name = "weft" + ("" if transport == "auto" else f"-{transport}")
-            name += "" if algo == "auto" else f"[{algo}]"
-            env = {"WEFT_ALGO": algo, "WEFT_TRANSPORT": transport}
-            entries.append(Entry(name, "weft", runs, env))
+            for n in channels or [0]:
+                name = "weft" + ("" if transport == "auto" else f"-{transport}")
+                tags = [] if algo == "auto" else [algo]
+                tags += [f"{n}ch"] if n else []
+                name += f"[{','.join(tags)}]" if tags else ""
+                env = {"WEFT_ALGO": algo, "WEFT_TRANSPORT": transport}
+                entries.append(Entry(name, "weft", runs, env, channels=n))
+    return entries
+
+
+def algorithm_files(plans: list, msccls: list) -> list[dict]:
+    """--plan and --msccl files, loaded (and so parsed strictly) here once: a broken file is
+    one clear error before anything launches."""
+    from weft import topo
+
+    files = []
+    for paths, fmt, load in ((plans, "json", topo.load), (msccls, "msccl", topo.load_msccl)):
+        for path in paths:
+            try:
+                algo = load(path)
+            except (OSError, topo.AlgorithmError) as e:
+                raise SystemExit(f"weft-bench: {path}: {e}") from e
+            files.append({"path": str(path), "format": fmt, "name": algo.name, "algo": algo})
+    return files
+
+
+def ranks_of(files: list[dict]) -> int | None:
+    """The rank count the files are for (--np's default with them), the same for all."""
+    counts = {f["algo"].ranks for f in files}
+    if len(counts) > 1:
+        raise SystemExit(
+            f"weft-bench: the algorithm files are for {sorted(counts)} ranks: pick one"
+        )
+    return counts.pop() if counts else None
+
+
+def algorithm_entries(files: list[dict], transports: list[str], ranks: int) -> list[Entry]:
+    """One weft entry per (file, transport), measured on the op its collective is."""
+    by_collective = {op.collective: name for name, op in OPS.items()}
+    entries = []
+    for f in files:
+        algo = f["algo"]
+        for transport in transports:
+            name = (
+                f"weft{'' if transport == 'auto' else f'-{transport}'}[{f['format']}:{algo.name}]"
+            )
+            env = {"WEFT_ALGO": "auto", "WEFT_TRANSPORT": transport}
+            spec = {k: f[k] for k in ("path", "format", "name")}
+            entry = Entry(name, "weft", [by_collective[algo.collective]], env, plan=spec)
+            if algo.ranks != ranks:
+                entry.status = "skipped"
+                entry.reason = f"{algo.name} is for {algo.ranks} ranks, the run has {ranks}"
+            entries.append(entry)
     return entries
 
 

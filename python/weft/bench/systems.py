@@ -60,12 +60,20 @@ class System:
 class Weft(System):
     label = "weft"
 
-    def __init__(self, rank: int, size: int, store, algo: str):
-        """`algo`: the family this communicator forces, or auto."""
+    def __init__(self, rank: int, size: int, store, algo: str, channels: int = 0):
+        """`algo`: the family this communicator forces, or auto; `channels`: its connection
+        sets per peer (0: WEFT_CHANNELS)."""
         import weft
 
         self.algo = algo
-        self.comm = weft.Communicator(store, rank, size, name=f"bench-{self.algo}", algo=self.algo)
+        self.comm = weft.Communicator(
+            store,
+            rank,
+            size,
+            name=f"bench-{self.algo}-{channels}",
+            algo=self.algo,
+            channels=channels,
+        )
         self.refusals = (weft.InvalidArgument,)
         self.hosts = self.comm.topology.hosts
 
@@ -116,6 +124,55 @@ class Weft(System):
         if not weft.algorithms(collective, self.hosts):
             return False
         return self.comm.trying(collective, block_bytes, in_place=in_place)
+
+
+class WeftAlgorithm(System):
+    """An Algorithm from a file (weft.topo JSON, or MSCCL XML), run through weft's executor
+    as topo.run runs it, on the op its collective is and at the sizes it divides."""
+
+    label = "weft"
+
+    def __init__(self, rank: int, size: int, store, spec: dict):
+        import weft
+        from weft import topo
+
+        load = topo.load_msccl if spec["format"] == "msccl" else topo.load
+        self.algo = load(spec["path"])
+        # A connection set per channel tag the Algorithm uses (topo.run numbers them 0, 1, ...).
+        tags = {
+            c if ch.tag is None else ch.tag
+            for p in self.algo.programs
+            for c, ch in enumerate(p.channels)
+        }
+        self.comm = weft.Communicator(
+            store, rank, size, name=f"bench-plan-{spec['name']}", channels=max(2, len(tags))
+        )
+        self.refusals = (weft.InvalidArgument, topo.AlgorithmError)
+
+    def bind(self, op, in_place, inp, out, root):
+        from weft.bench.ops import OPS
+        from weft.topo.run import prepare
+
+        if OPS[op].collective != self.algo.collective:
+            raise Unsupported(f"{self.algo.name} is a {self.algo.collective}")
+        if in_place != self.algo.in_place:
+            form = "in-place" if self.algo.in_place else "out-of-place"
+            raise Unsupported(f"{self.algo.name} has only the {form} form")
+        i, o = inp.numpy(), out.numpy()
+        units = self.algo.buffer_counts(self.comm.rank)
+        if i.size % max(units["input"], 1) or o.size % max(units["output"], 1):
+            raise Unsupported(
+                f"{self.algo.name} runs on whole multiples of its {units['input']} input and "
+                f"{units['output']} output elements only"
+            )
+        plan = prepare(self.algo, self.comm, i, o)  # checked once, run many times
+        return lambda: self.comm.run_plan(plan, i, o)
+
+    def barrier(self):
+        self.comm.barrier()
+
+    def algorithm(self, op, block_bytes, in_place):
+        return self.algo.name
 
 
 class TorchDistributed(System):
@@ -198,11 +255,23 @@ class Mpi(System):
         self.comm.Barrier()
 
 
-def create(kind: str, rank: int, size: int, store, local_rank: int, algo: str | None = None):
+def create(
+    kind: str,
+    rank: int,
+    size: int,
+    store,
+    local_rank: int,
+    algo: str | None = None,
+    plan: dict | None = None,
+    channels: int | None = None,
+):
     """The adapter of a system kind in this rank (the environment is already set); `algo`
-    is weft's family."""
+    is weft's family, `plan` an Algorithm file's (path, format, name) to run instead, `channels`
+    the communicator's connection sets per peer (0 or None: WEFT_CHANNELS)."""
+    if kind == "weft" and plan:
+        return WeftAlgorithm(rank, size, store, plan)
     if kind == "weft":
-        return Weft(rank, size, store, algo)
+        return Weft(rank, size, store, algo, channels or 0)
     if kind == "gloo":
         return TorchDistributed(rank, size, store, "gloo")
     if kind == "nccl":

@@ -42,7 +42,7 @@ from weft.topo.cost import (
 )
 from weft.topo.dsl import Program, StepRef
 from weft.topo.msccl import load_msccl
-from weft.topo.run import run
+from weft.topo.run import prepare, run
 
 __all__ = [
     "FAMILIES",
@@ -68,6 +68,7 @@ __all__ = [
     "load_cost_model",
     "load_msccl",
     "predict",
+    "prepare",
     "run",
     "save_cost_model",
 ]

@@ -72,10 +72,12 @@ def builtin(
     slot_bytes: int = 256 << 10,
     slots: int = 8,
     shared_cpu: list[int] | None = None,
+    channels: int = 2,
 ) -> Algorithm:
     """The Plans every rank's executor would run for ``collective`` in ``family`` on ``ranks``
     ranks, for calls of ``count`` elements, planned for connections of ``slots`` slots of
-    ``slot_bytes`` (steps then push at most half of that, as communicators plan)."""
+    ``slot_bytes`` (steps then push at most half of that, as communicators plan) and
+    ``channels`` connection sets per peer (a communicator's WEFT_CHANNELS, 2 by default)."""
     if collective not in FAMILIES:
         raise ValueError(f"unknown collective {collective!r}: use one of {', '.join(FAMILIES)}")
     if family not in FAMILIES[collective]:
@@ -104,10 +106,10 @@ def builtin(
             max_step_bytes=max(elem_size, slot_bytes * slots // 2),
             hosts=layout,
             shared_cpu=shared_cpu or [],
+            channels=channels,
         )
         name = plan["algorithm"]
-        steps = [_step(s) for s in plan["steps"]]
-        programs.append(RankProgram([Channel(steps)], plan["scratch"]))
+        programs.append(RankProgram(_channels(plan), plan["scratch"]))
     return Algorithm(
         name=name,
         collective=collective,
@@ -123,7 +125,20 @@ def builtin(
     )
 
 
-def _step(s: dict) -> Step:
+def _channels(plan: dict) -> list[Channel]:
+    """A Plan's steps sorted into its channels, each step's ``after`` (indices into the Plan's
+    steps) becoming deps on (channel, index) pairs."""
+    tags = plan["channel_tags"] or [0]
+    channels = [Channel([], tag if len(tags) > 1 else None) for tag in tags]
+    where = []  # (channel, index) of each of the Plan's steps
+    for s in plan["steps"]:
+        steps = channels[s["channel"]].steps
+        where.append((s["channel"], len(steps)))
+        steps.append(_step(s, [where[a] for a in s["after"]]))
+    return channels
+
+
+def _step(s: dict, deps: list[tuple[int, int]]) -> Step:
     def span(value):
         return None if value is None else Span(*value)
 
@@ -138,4 +153,5 @@ def _step(s: dict) -> Step:
         finalize=s["finalize"],
         wait_sends=s["wait_sends"],
         copy_sends=s["copy_sends"],
+        deps=deps,
     )

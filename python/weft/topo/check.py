@@ -93,6 +93,32 @@ def shape_problems(algo: Algorithm) -> list[Problem]:
     for r, program in enumerate(algo.programs):
         if not program.channels or program.scratch < 0:
             problems.append(Problem("needs a channel and a scratch size not negative", r))
+        problems += _shared_connections(program, r)
+    return problems
+
+
+def _shared_connections(program, r: int) -> list[Problem]:
+    """Two channels of one rank that send to (or receive from) one peer on one tag: their
+    messages would interleave in whatever order the channels happen to run."""
+    user, problems = {}, []
+    for c, channel in enumerate(program.channels):
+        tag = c if channel.tag is None else channel.tag
+        for i, s in enumerate(channel.steps):
+            for peer, way in ((s.send, "send to"), (s.recv, "receive from")):
+                if peer is None:
+                    continue
+                first = user.setdefault((tag, peer, way), c)
+                if first not in (c, None):
+                    problems.append(
+                        Problem(
+                            f"channels {first} and {c} both {way} rank {peer} on tag {tag}, so "
+                            "their messages would interleave: give one a tag of its own",
+                            r,
+                            c,
+                            i,
+                        )
+                    )
+                    user[(tag, peer, way)] = None  # said once
     return problems
 
 

@@ -7,7 +7,7 @@ runs has been shown right and free of deadlocks there; then each rank's steps go
 Buffers may be any whole multiple of the Algorithm's sizes: each element of the Algorithm then
 stands for that many (an MSCCL chunk becomes a block of the buffer), and the checker counts the
 messages the executor cuts those blocks into. The check runs at every call: for a loop of calls,
-keep the Algorithm small and the buffers large.
+``prepare`` once and call ``comm.run_plan`` with what it returns.
 """
 
 from __future__ import annotations
@@ -53,36 +53,71 @@ def scaled(algo: Algorithm, factor: int) -> Algorithm:
 
 
 def plan_of(algo: Algorithm, rank: int) -> dict:
-    """Rank ``rank``'s steps in the form Communicator.run_plan takes."""
+    """Rank ``rank``'s steps in the form Communicator.run_plan takes: every channel's steps in
+    one list, in an order where each step comes after the steps it depends on and after the
+    earlier steps of its channel (the executor still runs the channels side by side); deps as
+    indices into that list; the tags numbered 0, 1, ... in the order the whole Algorithm uses
+    them, so that a communicator needs only as many connection sets as there are tags."""
     program = algo.programs[rank]
-    if len(program.channels) != 1:
-        raise AlgorithmError(
-            f"{algo.name}: rank {rank} has {len(program.channels)} channels; the executor runs "
-            "one channel per rank (the checker runs more)"
-        )
+    tags = _tag_numbers(algo)
+    position = {}  # (channel, index) -> place in the list
     steps = []
-    for i, s in enumerate(program.channels[0].steps):
-        if s.kind not in RUNNABLE or s.deps:
+    cursor = [0] * len(program.channels)
+    while len(steps) < sum(len(ch.steps) for ch in program.channels):
+        placed = False
+        for c, channel in enumerate(program.channels):
+            i = cursor[c]
+            if i == len(channel.steps) or any(
+                tuple(d) not in position for d in channel.steps[i].deps
+            ):
+                continue
+            position[(c, i)] = len(steps)
+            steps.append(_runnable(algo, rank, c, i, channel.steps[i], position))
+            cursor[c] += 1
+            placed = True
+        if not placed:
             raise AlgorithmError(
-                f"{algo.name}: rank {rank} step {i} ({s.name}): the executor runs "
-                f"{', '.join(RUNNABLE)} steps without deps"
+                f"{algo.name}: rank {rank}'s channels wait on each other in a cycle"
             )
-        steps.append(
-            {
-                "kind": s.kind,
-                "recv": s.recv,
-                "send": s.send,
-                "local": None,
-                "dst": None,
-                "operand": None,
-                **{key: astuple(span) for key, span in s.spans()},
-                "count": s.count,
-                "finalize": s.finalize,
-                "wait_sends": s.wait_sends,
-                "copy_sends": s.copy_sends,
-            }
+    channel_tags = [tags[_tag(ch, c)] for c, ch in enumerate(program.channels)]
+    return {
+        "algorithm": algo.name,
+        "scratch": program.scratch,
+        "steps": steps,
+        "channel_tags": [] if channel_tags == [0] else channel_tags,
+    }
+
+
+def _tag(channel, index: int) -> int:
+    return index if channel.tag is None else channel.tag
+
+
+def _tag_numbers(algo: Algorithm) -> dict[int, int]:
+    used = sorted({_tag(ch, c) for p in algo.programs for c, ch in enumerate(p.channels)})
+    return {tag: n for n, tag in enumerate(used)}
+
+
+def _runnable(algo: Algorithm, rank: int, c: int, i: int, s, position: dict) -> dict:
+    if s.kind not in RUNNABLE:
+        raise AlgorithmError(
+            f"{algo.name}: rank {rank} channel {c} step {i} ({s.name}): the executor runs "
+            f"{', '.join(RUNNABLE)} steps"
         )
-    return {"algorithm": algo.name, "scratch": program.scratch, "steps": steps}
+    return {
+        "kind": s.kind,
+        "recv": s.recv,
+        "send": s.send,
+        "local": None,
+        "dst": None,
+        "operand": None,
+        **{key: astuple(span) for key, span in s.spans()},
+        "count": s.count,
+        "finalize": s.finalize,
+        "wait_sends": s.wait_sends,
+        "copy_sends": s.copy_sends,
+        "channel": c,
+        "after": sorted(position[tuple(d)] for d in s.deps),
+    }
 
 
 def connection_geometry(comm) -> tuple[int, int]:
@@ -97,6 +132,15 @@ def run(algo: Algorithm, comm, buf, out, *, op: str = "sum", async_: bool = Fals
     same array, or views of one, where the Algorithm is in place). Returns ``out``, or a Handle
     with ``async_``. Raises AlgorithmError when the Algorithm does not fit the world or fails
     the checker for the communicator's connections."""
+    plan = prepare(algo, comm, buf, out, op=op)
+    return comm.run_plan(plan, buf, out, op=op, async_=async_)
+
+
+def prepare(algo: Algorithm, comm, buf, out, *, op: str = "sum") -> dict:
+    """What ``run`` checks and gives the executor, for calls on buffers like ``buf`` and
+    ``out``: this rank's Plan (``comm.run_plan(plan, buf, out, op=op)`` runs it), once the
+    Algorithm has passed the checker for the communicator's connections. A loop of calls
+    prepares once."""
     if algo.ranks != comm.size:
         raise AlgorithmError(
             f"{algo.name} is for {algo.ranks} ranks; the communicator has {comm.size}"
@@ -122,7 +166,7 @@ def run(algo: Algorithm, comm, buf, out, *, op: str = "sum", async_: bool = Fals
             f"{algo.name} fails the checker for this communicator's "
             f"connections ({slots} slots of {slot_bytes} bytes):\n{report}"
         )
-    return comm.run_plan(plan_of(scaled(as_run, factor), rank), buf, out, op=op, async_=async_)
+    return plan_of(scaled(as_run, factor), rank)
 
 
 def _factor(algo: Algorithm, in_count: int, out_count: int, sizes: dict) -> int:

@@ -465,3 +465,33 @@ def test_a_rounds_time_is_its_slowest_rank():
     [record] = combine_ranks([rank(1.0, 5.0, 2.0), rank(3.0, 1.0, 2.5)])["records"]
     assert record["round_times_s"] == [3.0, 5.0, 2.5]
     assert record["time_s"] == 3.0
+
+
+def test_plan_and_msccl_files_run_beside_the_builtins(tmp_path):
+    """--plan and --msccl: an Algorithm file measured (and checked, -c) in the launch of the
+    built-in it copies; --np defaults to the file's ranks; a broken file stops the run with the
+    reason."""
+    from weft import topo
+
+    path = tmp_path / "ring3.json"
+    topo.builtin("allreduce", "ring", 3, count=4).save(path)
+    out = tmp_path / "r.json"
+    bench("--plan", str(path), "--algo", "ring", "--transport", "shm", *QUICK, f"--json={out}")
+    report = json.loads(out.read_text())
+    assert report["config"]["world_size"] == 3
+    by_system = {}
+    for r in report["results"]:
+        by_system.setdefault(r["system"], []).append(r)
+    plan_records = by_system["weft-shm[json:ring]"]
+    assert {r["bytes"] for r in plan_records} == {r["bytes"] for r in by_system["weft-shm[ring]"]}
+    assert all(r["wrong"] == 0 and r["op"] == "all_reduce" for r in plan_records)
+    (tmp_path / "bad.json").write_text('{"format": "weft-algorithm/1"}')
+    proc = bench("--plan", str(tmp_path / "bad.json"), *QUICK, ok=False)
+    assert proc.returncode != 0 and "bad.json" in proc.stderr
+
+
+def test_channels_make_variants_of_one_launch(tmp_path):
+    out = tmp_path / "r.json"
+    bench("--algo", "tree", "--channels", "1,2", "--transport", "shm", *QUICK, f"--json={out}")
+    names = {r["system"] for r in json.loads(out.read_text())["results"]}
+    assert names == {"weft-shm[tree,1ch]", "weft-shm[tree,2ch]"}

@@ -36,10 +36,11 @@ RUN_TIMEOUT_S = 300.0
 # The "-small" ones shrink every connection to four 4 KiB slots, so that modest counts already
 # cross many slices and chunked rounds; "hosts-of-2" puts ranks 2k and 2k+1 on one host
 # identity (shm inside, tcp across), with small slots too. "shm-8-channels" gives every pair
-# eight connection sets (WEFT_CHANNELS), as Plans of eight channel tags need. "shm-cma" sends messages from 4 KiB
-# by reference (the peer reads them with process_vm_readv). The "cuda-" ones (shm between ranks)
-# choose how the torch backend moves CUDA tensors: pinned host staging, or cuda_ipc with its
-# default staging buffers or with 4 KiB ones, so that modest counts take many rounds.
+# eight connection sets (WEFT_CHANNELS), as Plans of eight channel tags need. "shm-cma" sends
+# messages from 4 KiB by reference (the peer reads them with process_vm_readv). The "cuda-" ones
+# (shm between ranks) choose how the torch backend moves CUDA tensors: pinned host staging, or
+# cuda_ipc with its default staging buffers or with 4 KiB ones, so that modest counts take many
+# rounds.
 TRANSPORTS = (
     "shm",
     "tcp",

@@ -72,8 +72,11 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
     throw InvalidArgument("channels=" + std::to_string(channels) +
                           ": give 1 to 16 connection sets per peer (0 takes WEFT_CHANNELS)");
   }
+  // WEFT_ALGO=file:PATH names an Algorithm file that the torch backend runs
+  // through set_plan_source(); the built-in choice stays automatic.
+  const std::string& forced = algorithm.empty() ? config().algo : algorithm;
   try {
-    forced_algorithm_ = parse_algorithm(algorithm.empty() ? config().algo : algorithm);
+    forced_algorithm_ = is_algorithm_file(forced) ? Algorithm::Auto : parse_algorithm(forced);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(std::string(algorithm.empty() ? "WEFT_ALGO: " : "algo=: ") + e.what());
   }
@@ -515,10 +518,34 @@ std::shared_ptr<Work> Communicator::submit(const char* name, const void* in, voi
       async);
 }
 
+void Communicator::set_plan_source(Collective c, PlanSource source) {
+  plan_sources_[c] = std::move(source);
+}
+
 std::shared_ptr<Work> Communicator::submit_chosen(const char* name, const PlanKey& key,
                                                   const void* in, void* out, DataType dtype,
                                                   ReduceOp op, size_t out_bytes, bool async) {
   check_usable();
+  const auto [c, count, elem_size, root, in_place, avg] = key;
+  if (auto source = plan_sources_.find(c); source != plan_sources_.end()) {
+    const PlanQuery query{
+        count,
+        elem_size,
+        root,
+        in_place,
+        avg,
+        slice_bytes_,
+        static_cast<int>(std::max<size_t>(1, 2 * step_limit_bytes_ / slice_bytes_))};
+    if (std::optional<Plan> outside = source->second(query)) {
+      const size_t in_count = c == Collective::ReduceScatter ? size_ * count : count;
+      const size_t out_count = c == Collective::Allgather ? size_ * count : count;
+      algo::validate(*outside, rank_, size_, in_count, out_count, elem_size,
+                     executor_->channel_tags());
+      auto shared = std::make_shared<Plan>(std::move(*outside));
+      return submit(name, in, out, dtype, op, out_bytes, async,
+                    [shared]() -> const Plan& { return *shared; });
+    }
+  }
   return queue_.submit(
       [=](uint64_t seq, Work&) {
         check_usable();

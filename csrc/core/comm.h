@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -30,6 +32,10 @@
 #include "core/tune/probe.h"
 
 namespace weft {
+
+// WEFT_ALGO=file:PATH (and algo= alike): an Algorithm file, for the torch
+// backend to install as a PlanSource.
+inline bool is_algorithm_file(const std::string& algo) { return algo.rfind("file:", 0) == 0; }
 
 class Communicator {
  public:
@@ -115,6 +121,26 @@ class Communicator {
   // Fails this and every later operation and wakes the peers with an error.
   void abort(const std::string& reason);
 
+  // What a PlanSource is asked: the call of its collective, and this
+  // communicator's message size and FIFO depth (the checker's slot_bytes and
+  // slots).
+  struct PlanQuery {
+    size_t count;  // per rank, or per block (reduce_scatter, allgather)
+    size_t elem_size;
+    int root;
+    bool in_place;
+    bool avg;
+    size_t slot_bytes;
+    int slots;
+  };
+  // Plans from outside for every call of one collective (the torch backend's
+  // WEFT_ALGO=file:): a Plan it returns runs instead of the built-in choice,
+  // validated as run_plan's are; nullopt keeps the built-in. Every rank must
+  // be given sources that agree. Called on the calling thread; install it
+  // before the first call of `c`.
+  using PlanSource = std::function<std::optional<Plan>(const PlanQuery&)>;
+  void set_plan_source(Collective c, PlanSource source);
+
  private:
   // What a cached Plan depends on.
   using PlanKey = std::tuple<Collective, size_t, size_t, int, bool, bool>;
@@ -177,6 +203,7 @@ class Communicator {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<P2pEngine> p2p_;
   std::map<std::pair<PlanKey, Algorithm>, Plan> plans_;  // touched only by the running op
+  std::map<Collective, PlanSource> plan_sources_;
   char barrier_byte_ = 0;
 
   mutable std::mutex abort_mu_;

@@ -109,6 +109,11 @@ class PyCommunicator {
   PyCommunicator(py::object store, int rank, int size, const std::string& name,
                  const py::object& timeout, const std::string& algo, int channels)
       : store_(std::make_unique<PyStore>(std::move(store))) {
+    if (is_algorithm_file(algo.empty() ? config().algo : algo)) {
+      throw InvalidArgument(
+          "WEFT_ALGO=file: (or algo=file:) is for the torch backend; on a weft.Communicator, run "
+          "the Algorithm with weft.topo.run (docs/topo.md)");
+    }
     double t = seconds(timeout);
     py::gil_scoped_release nogil;
     comm_ = std::make_unique<Communicator>(*store_, rank, size, name, t, algo, channels);

@@ -10,6 +10,7 @@
 #include "core/tune/cost_model.h"
 #include "core/tune/family_probe.h"
 #include "plan_export.h"
+#include "plan_source.h"
 
 namespace py = pybind11;
 
@@ -24,6 +25,7 @@ void bind_topo(py::module_& parent) {
   py::module_ m = parent.def_submodule(
       "topo", "The alpha-beta-gamma cost model of the tuner, and the built-in Plans as data.");
   bind_plan_export(m);
+  bind_plan_source(m);
 
   py::class_<LinkCost>(m, "LinkCost", "Cost of one message: alpha + bytes * beta seconds.")
       .def(py::init(

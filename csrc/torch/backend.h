@@ -29,6 +29,8 @@ class WeftBackend : public c10d::Backend {
   ~WeftBackend() override;
 
   const std::string getBackendName() const override { return "weft"; }
+  // The core communicator (weft.topo installs WEFT_ALGO=file: Plans on it).
+  Communicator& communicator() { return *comm_; }
   // ProcessGroup.abort(): fails the operations in flight and every later one
   // at once, and the peers' with them. The GPU transports (cuda_ipc, nccl)
   // are left as they are.

@@ -20,6 +20,16 @@ PYBIND11_MODULE(_C_torch, m) {
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("name"),
       py::call_guard<py::gil_scoped_release>(),
       "A weft Backend for one process group: connects to its peers through `store`.");
+  m.def(
+      "communicator_of",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        auto* weft_backend = dynamic_cast<weft::backend::WeftBackend*>(backend.get());
+        if (weft_backend == nullptr) throw py::type_error("communicator_of: not a weft Backend");
+        return py::capsule(&weft_backend->communicator(), "weft.Communicator");
+      },
+      py::arg("backend"),
+      "The Backend's core Communicator, as a capsule for weft._C (WEFT_ALGO=file:); valid "
+      "while the Backend lives.");
   // weft._C reads torch tensors through it (python/host_tensor.h).
   m.attr("host_tensor_reader") = weft::backend::host_tensor_reader_capsule();
 }

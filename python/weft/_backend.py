@@ -5,6 +5,8 @@ when torch has CUDA).
 weft communicator per process group, connected through the group's store.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -14,13 +16,19 @@ NAME = "weft"
 def _create_backend(dist_options, _backend_options):
     from weft import _C_torch
 
-    return _C_torch.create_backend(
+    backend = _C_torch.create_backend(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
         dist_options.timeout.total_seconds(),
         str(dist_options.group_id),
     )
+    spec = os.environ.get("WEFT_ALGO", "")
+    if spec.startswith("file:"):
+        from weft.topo.file_algo import install
+
+        install(backend, spec, dist_options.group_rank, dist_options.group_size)
+    return backend
 
 
 def register() -> None:

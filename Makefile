@@ -83,3 +83,9 @@ bench-algorithms: install install-peers
 		--algos ring,tree,rhd,auto -n 3 --rounds 3 --repeats 2 --vs gloo \
 		--json $(RESULTS)/hosts_8x1_1gbit.json --plot $(RESULTS)/hosts_8x1_1gbit.png \
 		> $(RESULTS)/hosts_8x1_1gbit.md
+
+# weft.topo.simulate at scale (bench/results/sim_scale.*): a 4096-rank ring allreduce and hier on
+# 8192 ranks, wall time and peak RSS, next to ASTRA-sim's figure from issue 44.
+.PHONY: bench-sim
+bench-sim: install
+	$(PYTHON) bench/sim_scale.py

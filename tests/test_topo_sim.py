@@ -188,3 +188,39 @@ def test_counts_zero_one_and_primes_and_odd_worlds():
             assert r.time_s >= 0 and math.isfinite(r.time_s)
             if p == 1 or count == 0:
                 assert r.messages == 0
+
+
+def test_command_line_simulate_and_draw(tmp_path, capsys):
+    from weft.topo.__main__ import main
+
+    path = tmp_path / "ring6.json"
+    assert main(["export", "allreduce", "ring", "6", "--count", "600", "-o", str(path)]) == 0
+    assert main(["simulate", str(path), "--topology", "torus:2x3", "--links", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ring allreduce of 2400 B on 6 ranks" in out and out.count(" -> ") == 2
+    assert main(["simulate", "rhd", "--topology", "hosts:2x4", "--bytes", "64K"]) == 0
+    assert "rhd allreduce of 65536 B on 8 ranks" in capsys.readouterr().out
+    assert main(["simulate", str(path), "--topology", "ring:5"]) == 1
+    assert "has 6 ranks, the topology 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "ring", "--topology", "blob:3", "--bytes", "1K"])
+    assert main(["check", str(path), "--topology", "ring:6"]) == 0
+    pytest.importorskip("matplotlib")
+    for args in (
+        ["draw", "topology", "rail:2x4"],
+        ["draw", "timeline", str(path), "--topology", "switch:6", "--bytes", "64K"],
+    ):
+        png = tmp_path / "x.png"
+        assert main([*args, "-o", str(png)]) == 0
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        png.unlink()
+
+
+def test_pictures_of_a_prediction_and_a_timeline(tmp_path):
+    pytest.importorskip("matplotlib")
+    world = Topology.hosts(2, 2)
+    r = topo.draw_timeline("ring", world, tmp_path / "t.png", 1 << 16, limit=50)
+    assert len(r.trace) == 50 and all(end >= start for _, _, start, end in r.trace)
+    topo.draw_prediction([(1 << 16, 1e-4, 1.1e-4), (1 << 20, 1e-3, 0.9e-3)], tmp_path / "p.png")
+    topo.draw_topology(Topology.fat_tree(16, per_leaf=4), tmp_path / "f.png")
+    assert all((tmp_path / f).stat().st_size > 1000 for f in ("t.png", "p.png", "f.png"))

@@ -224,3 +224,22 @@ def test_pictures_of_a_prediction_and_a_timeline(tmp_path):
     topo.draw_prediction([(1 << 16, 1e-4, 1.1e-4), (1 << 20, 1e-3, 0.9e-3)], tmp_path / "p.png")
     topo.draw_topology(Topology.fat_tree(16, per_leaf=4), tmp_path / "f.png")
     assert all((tmp_path / f).stat().st_size > 1000 for f in ("t.png", "p.png", "f.png"))
+
+
+def test_imported_msccl_algorithms_simulate_with_a_channel_per_thread_block():
+    shared = "../shared/msccl/"
+    ring8 = topo.load_msccl(shared + "msccl-tools_allreduce_ring_8_1_LL128.xml")
+    assert len(ring8.programs[0].channels) == 8
+    world = ring(8)
+    ours = topo.simulate("ring", world, 1 << 20)
+    theirs = topo.simulate(ring8, world, 1 << 20)
+    assert theirs.messages == 112 and theirs.time_s > 0
+    # Eight rings side by side move the same bytes over each link as weft's one.
+    assert sum(theirs.hop_bytes) == pytest.approx(sum(ours.hop_bytes))
+    hier4 = topo.load_msccl(shared + "msccl-scheduler_ncv4_allgather_hier_4_LL.xml")
+    assert topo.simulate(hier4, Topology.hosts(2, 2), 1 << 16).time_s > 0
+    assert topo.check(hier4, topology=Topology.hosts(2, 2)).ok
+    # At its own size with one-element slots a scaled step would be thousands of messages
+    # through 8 slots, which deadlocks: the error names the channel's own step.
+    with pytest.raises(RuntimeError, match=r"rank \d channel \d step \d"):
+        topo.simulate(ring8, world, 1 << 20, slice_bytes=4)

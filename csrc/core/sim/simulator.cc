@@ -304,8 +304,10 @@ class Sim {
       ++count;
       if (shown++ < 6) {
         const SimStep& s = prog_.step(p.rank, p.pos);
+        size_t index = 0;  // the step's place in its channel
+        for (size_t i = 0; i < p.pos; ++i) index += prog_.step(p.rank, i).channel == p.channel;
         stuck << (shown > 1 ? "; " : "") << "rank " << p.rank << " channel " << int(p.channel)
-              << " step " << p.pos;
+              << " step " << index;
         if (s.recv != kNoPeer)
           stuck << " receiving from " << prog_.conns()[prog_.conn(p.rank, s.recv)].src;
         if (s.send != kNoPeer)

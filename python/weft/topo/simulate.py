@@ -108,10 +108,10 @@ def simulate(
     ``algo`` is an Algorithm (scaled so that its count carries nbytes; its own size when nbytes
     is None) or a built-in family's name for ``collective``. ``slice_bytes`` (largest message),
     ``slots`` (messages in flight per connection, 8) and ``step_bytes`` (a built-in step's
-    budget: the topology's, at most half of slots x slice) default to the Algorithm's, else the
-    topology's; gamma (seconds a byte reduced) to the
-    topology's. ``trace_limit``: keep the first that many wire uses in ``result.trace`` (hop,
-    sending rank, start_s, end_s)."""
+    budget: the topology's, at most half of slots x slice) default to the topology's, or for an
+    Algorithm at its own size to what it was planned for (``slot_bytes``, ``slots``); gamma
+    (seconds a byte reduced) to the topology's. ``trace_limit``: keep the first that many wire
+    uses in ``result.trace`` (hop, sending rank, start_s, end_s)."""
     if not isinstance(topology, Topology):
         raise TopologyError(f"simulate needs a topo.Topology, got {type(topology).__name__}")
     gamma = topology.gamma_s_per_b if gamma_s_per_b is None else gamma_s_per_b
@@ -121,12 +121,14 @@ def simulate(
         if algo.ranks != p:
             raise AlgorithmError(f"{algo.name} has {algo.ranks} ranks, the topology {p}")
         collective = algo.collective
-        if nbytes is None:
+        # At its own size, the buffering it was planned for; scaled, a communicator's.
+        own = nbytes is None
+        if own:
             nbytes = algo.count * algo.elem_size
         programs = _programs_of(algo, nbytes)
         name = algo.name
-        slice_bytes = slice_bytes or algo.slot_bytes
-        slots = slots or algo.slots
+        slice_bytes = slice_bytes or (algo.slot_bytes if own else topology.slice_bytes)
+        slots = slots or (algo.slots if own else 8)
     elif isinstance(algo, str):
         if nbytes is None:
             raise ValueError("simulate of a built-in family needs nbytes")

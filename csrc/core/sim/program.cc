@@ -137,7 +137,7 @@ void Programs::add_plan(int rank, const Plan& plan, size_t elem) {
     s.recv = st.recv_peer;
     s.send = st.send_peer;
     s.channel = st.channel;
-    s.after = st.after;
+    if (!st.after.empty()) s.after = st.after;
     s.sizes.wait_sends = st.wait_sends;
     switch (st.kind) {
       case Step::Kind::Fused:

@@ -28,11 +28,11 @@ struct Proc {
   double clock = 0;                 // where its own work (reductions) has taken it; never behind
 };
 
+// Ties between events are broken by process, so a run is the same every time.
 struct Event {
   double t;
-  uint64_t seq;
   uint32_t proc;
-  bool operator>(const Event& o) const { return t > o.t || (t == o.t && seq > o.seq); }
+  bool operator>(const Event& o) const { return t > o.t || (t == o.t && proc > o.proc); }
 };
 
 size_t messages_of(uint64_t bytes, size_t slice) { return (bytes + slice - 1) / slice; }
@@ -116,7 +116,7 @@ class Sim {
     Proc& p = procs_[pid];
     if (p.scheduled >= 0 && p.scheduled <= t) return;
     p.scheduled = t;
-    queue_.push(Event{t, seq_++, pid});
+    queue_.push(Event{t, pid});
   }
 
   double arrival(uint32_t c, uint32_t k) const {
@@ -333,7 +333,6 @@ class Sim {
   std::unordered_map<int, std::vector<double>> done_at_;  // ranks with `after`: step -> end
   std::unordered_map<int, std::vector<uint32_t>> dep_waiters_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
-  uint64_t seq_ = 0;
   SimResult result_;
 };
 

@@ -43,6 +43,11 @@ uint16_t Programs::conn_for(int rank, int src, int dst, int tag,
 
 void Programs::add_rank(int rank, const std::vector<StepSpec>& specs,
                         const std::vector<int>& tags) {
+  pack_rank(rank, specs.size(), [&](size_t i) -> const StepSpec& { return specs[i]; }, tags);
+}
+
+template <typename SpecAt>
+void Programs::pack_rank(int rank, size_t count, SpecAt spec_at, const std::vector<int>& tags) {
   if (rank != static_cast<int>(first_.size()) - 1 || rank >= ranks_) {
     throw InvalidArgument("simulation: ranks must be added in order; got rank " +
                           std::to_string(rank));
@@ -58,7 +63,7 @@ void Programs::add_rank(int rank, const std::vector<StepSpec>& specs,
     }
   }
   // Ranks mostly plan alike: room for every rank's steps at once saves regrowing.
-  if (rank == 0) steps_.reserve(specs.size() * static_cast<size_t>(ranks_));
+  if (rank == 0) steps_.reserve(count * static_cast<size_t>(ranks_));
   std::unordered_map<uint32_t, uint16_t> local;
   // Neighbouring steps mostly repeat their peers and sizes: look those up once.
   int last_peer[2] = {-2, -2}, last_tag[2] = {-1, -1};
@@ -74,8 +79,8 @@ void Programs::add_rank(int rank, const std::vector<StepSpec>& specs,
     }
     return last_index[side];
   };
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const StepSpec& spec = specs[i];
+  for (size_t i = 0; i < count; ++i) {
+    const StepSpec& spec = spec_at(i);
     if (spec.channel < 0 || spec.channel >= channels) {
       throw InvalidArgument("simulation: " + where(rank, i) + " runs on channel " +
                             std::to_string(spec.channel) + " of " + std::to_string(channels));
@@ -130,18 +135,19 @@ void Programs::add_rank(int rank, const std::vector<StepSpec>& specs,
 }
 
 void Programs::add_plan(int rank, const Plan& plan, size_t elem) {
-  std::vector<StepSpec> specs;
-  specs.reserve(plan.steps.size());
-  for (const Step& st : plan.steps) {
-    StepSpec s;
+  StepSpec s;  // one, refilled for each step: packing makes no copy of the Plan
+  auto spec_at = [&](size_t i) -> const StepSpec& {
+    const Step& st = plan.steps[i];
+    s.kind = SimStep::Fused;
     s.recv = st.recv_peer;
     s.send = st.send_peer;
     s.channel = st.channel;
+    s.after.clear();
     if (!st.after.empty()) s.after = st.after;
+    s.sizes = StepSizes{};
     s.sizes.wait_sends = st.wait_sends;
     switch (st.kind) {
       case Step::Kind::Fused:
-        s.kind = SimStep::Fused;
         s.sizes.send_bytes = s.sizes.recv_bytes = st.count * elem;
         // A received stream combined with local data is a reduction.
         if (st.recv_peer >= 0 && st.local) s.sizes.compute_bytes = st.count * elem;
@@ -160,10 +166,10 @@ void Programs::add_plan(int rank, const Plan& plan, size_t elem) {
         }
         break;
     }
-    specs.push_back(std::move(s));
-  }
-  std::vector<int> tags(plan.channel_tags.begin(), plan.channel_tags.end());
-  add_rank(rank, specs, tags);
+    return s;
+  };
+  const std::vector<int> tags(plan.channel_tags.begin(), plan.channel_tags.end());
+  pack_rank(rank, plan.steps.size(), spec_at, tags);
 }
 
 const std::vector<uint32_t>& Programs::after(int rank, size_t i) const {

@@ -77,6 +77,9 @@ class Programs {
 
  private:
   uint16_t conn_for(int rank, int src, int dst, int tag, std::unordered_map<uint32_t, uint16_t>&);
+  // add_rank's work, the spec of step i being spec_at(i).
+  template <typename SpecAt>
+  void pack_rank(int rank, size_t count, SpecAt spec_at, const std::vector<int>& tags);
   int ranks_;
   std::vector<SimStep> steps_;
   std::vector<size_t> first_;  // ranks_ + 1 offsets into steps_

@@ -229,8 +229,8 @@ class Topology(_ClosedForm):
     def fully_connected(
         cls, n: int, *, latency_s: float = NIC[0], bandwidth_Bps: float = NIC[1]
     ) -> Topology:
-        """n ranks with a link between every pair (n (n - 1) / 2 links)."""
-        _need(1 <= n <= 4096, f"fully_connected needs 1 <= n <= 4096, got {n}")
+        """n ranks with a link between every pair (n (n - 1) / 2 links, so n <= 1024)."""
+        _need(1 <= n <= 1024, f"fully_connected needs 1 <= n <= 1024 (links grow as n^2), got {n}")
         b = _Builder()
         ranks = [b.rank(f"rank{r}", r) for r in range(n)]
         for i in range(n):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from weft.topo.simulate import simulate
 
-KIND_ROW = {"rank": 0.0, "nic": 1.0, "switch": 2.0}
 CLASS_COLOUR = {"nvlink": "tab:green", "pcie": "tab:olive", "nic": "tab:blue", "link": "tab:gray"}
 
 
@@ -26,35 +25,44 @@ def _pyplot():
 
 
 def layout(topology) -> list[tuple[float, float]]:
-    """A position per node: ranks evenly along the bottom row, NICs above them, switches on top,
-    each node above the mean of the neighbours below it (a torus or ring: ranks on a circle)."""
+    """A position per node: ranks evenly along the bottom row, every other node as many rows up
+    as it is links from the nearest rank, above the mean of its neighbours a row down (spread
+    evenly where two would meet); a ring or torus, all ranks, on a circle."""
     import math
+    from collections import deque
 
     nodes, links = topology.nodes, topology.links
+    n = len(nodes)
     if all(k == "rank" for _, k, _ in nodes):
-        n = len(nodes)
         return [(math.cos(2 * math.pi * i / n), math.sin(2 * math.pi * i / n)) for i in range(n)]
-    pos: list[tuple[float, float] | None] = [None] * len(nodes)
-    for r, node in enumerate(topology.rank_nodes):
-        pos[node] = (float(r), 0.0)
     neighbours = [[] for _ in nodes]
     for link in links:
         neighbours[link.a].append(link.b)
         neighbours[link.b].append(link.a)
-    for kind in ("nic", "switch"):
-        for _ in range(3):  # switches above switches settle in a few passes
-            for i, (_, k, _) in enumerate(nodes):
-                if k != kind:
-                    continue
-                below = [
-                    pos[j][0]
-                    for j in neighbours[i]
-                    if pos[j] is not None and pos[j][1] < KIND_ROW[kind]
-                ]
-                x = sum(below) / len(below) if below else 0.0
-                level = KIND_ROW[kind] + (0.5 if kind == "switch" and not below else 0.0)
-                pos[i] = (x, level)
-    return [p or (0.0, 0.0) for p in pos]
+    row = [-1] * n
+    x = [0.0] * n
+    queue = deque()
+    for r, node in enumerate(topology.rank_nodes):
+        row[node], x[node] = 0, float(r)
+        queue.append(node)
+    while queue:
+        u = queue.popleft()
+        for v in neighbours[u]:
+            if row[v] < 0:
+                row[v] = row[u] + 1
+                queue.append(v)
+    for level in range(1, max(row) + 1):
+        members = [i for i in range(n) if row[i] == level]
+        for i in members:
+            below = [x[j] for j in neighbours[i] if row[j] == level - 1]
+            x[i] = sum(below) / len(below) if below else 0.0
+        members.sort(key=lambda i: (x[i], i))
+        spots = [x[i] for i in members]
+        if len(set(round(v, 6) for v in spots)) < len(spots):  # some would meet: spread them
+            width = max(len(topology.rank_nodes) - 1, 1)
+            for k, i in enumerate(members):
+                x[i] = width * (k + 0.5) / len(members)
+    return [(x[i], float(max(row[i], 0))) for i in range(n)]
 
 
 def draw_topology(topology, path, *, labels: bool | None = None) -> None:

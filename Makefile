@@ -96,3 +96,9 @@ bench-msccl: install install-peers
 		--transport shm --algo ring -b 4K -e 64M -n 10 -w 2 --rounds 3 \
 		--json $(RESULTS)/msccl_ring8_shm.json --plot $(RESULTS)/msccl_ring8_shm.png \
 		> $(RESULTS)/msccl_ring8_shm.txt
+
+# weft.topo.simulate at scale (bench/results/sim_scale.*): a 4096-rank ring allreduce and hier on
+# 8192 ranks, wall time and peak RSS, next to ASTRA-sim's figure from issue 44.
+.PHONY: bench-sim
+bench-sim: install
+	$(PYTHON) bench/sim_scale.py

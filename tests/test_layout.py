@@ -20,6 +20,7 @@ LAYERS = {
     "core/algo": 4,
     "core/exec": 5,
     "core/tune": 5,
+    "core/sim": 5,
     "core/comm": 6,
     "core/device": 7,
     "python": 8,

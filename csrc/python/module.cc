@@ -17,6 +17,7 @@
 #include "fast_method.h"
 #include "plan_export.h"
 #include "schedule.h"
+#include "sim.h"
 #include "store.h"
 #include "topo.h"
 #ifdef WEFT_HAVE_CUDA
@@ -449,6 +450,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace weft::python;
   m.doc() = "weft core: collectives over shared memory and TCP";
   bind_topo(m);
+  bind_sim(m);
   bind_schedule(m);
 #ifdef WEFT_HAVE_CUDA
   bind_cuda(m);

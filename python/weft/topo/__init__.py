@@ -15,7 +15,11 @@ True
 - ``check`` (check.py): symbolic execution of an Algorithm: contributions, placement, bounds,
   finite buffering, deadlocks.
 - ``run`` (run.py): an Algorithm that passes the checker, on a Communicator's real ranks.
-- The tuner's cost model (cost.py): ``Topology``, ``CostModel``, ``predict``, ``choose``, ...
+- ``Topology`` (topology.py): a network of ranks, hosts, NICs and switches (builders, JSON,
+  routes), which is also the closed-form model's view of a world.
+- ``simulate`` (simulate.py): an event simulation of an Algorithm or built-in on a Topology.
+- ``draw_topology``, ``draw_timeline``, ``draw_prediction`` (draw.py): pictures (matplotlib).
+- The tuner's cost model (cost.py): ``CostModel``, ``predict``, ``choose``, ...
 """
 
 from weft.topo.algorithm import (
@@ -33,16 +37,18 @@ from weft.topo.cost import (
     MEASURED_BYTES,
     CostModel,
     LinkCost,
-    Topology,
     algorithms_for,
     choose,
     load_cost_model,
     predict,
     save_cost_model,
 )
+from weft.topo.draw import draw_prediction, draw_timeline, draw_topology
 from weft.topo.dsl import Program, StepRef
 from weft.topo.msccl import load_msccl
 from weft.topo.run import prepare, run
+from weft.topo.simulate import SimResult, simulate
+from weft.topo.topology import Link, Topology, TopologyError, load_topology
 
 __all__ = [
     "FAMILIES",
@@ -51,24 +57,32 @@ __all__ = [
     "AlgorithmError",
     "Channel",
     "CostModel",
+    "Link",
     "LinkCost",
     "Problem",
     "Program",
     "RankProgram",
     "Report",
+    "SimResult",
     "Span",
     "Step",
     "StepRef",
     "Topology",
+    "TopologyError",
     "algorithms_for",
     "builtin",
     "check",
+    "draw_prediction",
+    "draw_timeline",
+    "draw_topology",
     "choose",
     "load",
     "load_cost_model",
     "load_msccl",
+    "load_topology",
     "predict",
     "prepare",
     "run",
     "save_cost_model",
+    "simulate",
 ]

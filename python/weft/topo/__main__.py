@@ -2,14 +2,22 @@
 
     python -m weft.topo export allreduce ring 8 --count 1000 -o ring8.json
     python -m weft.topo check ring8.json [more.json ...] [--slots 2 --slot-bytes 4096]
+    python -m weft.topo check ring8.json --topology torus:2x4
+    python -m weft.topo simulate ring8.json --topology hosts:2x4 --bytes 1M [--links 5]
+    python -m weft.topo simulate ring --topology ring:4096 --bytes 1M      # a built-in family
+    python -m weft.topo draw topology hosts:2x4 -o hosts.png
+    python -m weft.topo draw timeline ring8.json --topology ring:8 --bytes 64K -o ring8.png
 
-``check`` prints each file's report and exits with 1 when any file fails.
+``check`` prints each file's report and exits with 1 when any file fails. A topology is a JSON
+file that ``Topology.save`` wrote or a builder: ring:N, full:N, switch:N, fat_tree:N[xPER_LEAF],
+torus:AxB[xC...], hosts:HOSTSxPER_HOST, rail:HOSTSxPER_HOST. Sizes take K, M and G (powers of 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from weft import topo
 
@@ -33,7 +41,26 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("files", nargs="+")
     check.add_argument("--slots", type=int, help="messages in flight per connection")
     check.add_argument("--slot-bytes", type=int, help="the largest message")
-    args = parser.parse_args(argv)
+    check.add_argument("--topology", type=topology_arg, help="also check every message's route")
+    sim = commands.add_parser("simulate", help="simulate an Algorithm file or built-in family")
+    sim.add_argument("algorithm", help="an Algorithm file (JSON) or a built-in family's name")
+    sim.add_argument("--topology", type=topology_arg, required=True)
+    sim.add_argument("--bytes", type=size_arg, help="bytes a call passes (an Algorithm: its own)")
+    sim.add_argument("--collective", default="allreduce", help="for a family (allreduce)")
+    sim.add_argument("--slots", type=int, help="messages in flight per connection")
+    sim.add_argument("--slice-bytes", type=size_arg, help="the largest message")
+    sim.add_argument("--links", type=int, default=0, help="print the N busiest links")
+    draw = commands.add_parser("draw", help="pictures: a topology, or a simulated timeline")
+    draw.add_argument("what", choices=("topology", "timeline"))
+    draw.add_argument("subject", help="topology: a topology; timeline: an Algorithm or family")
+    draw.add_argument("--topology", type=topology_arg, help="timeline: the topology")
+    draw.add_argument("--bytes", type=size_arg)
+    draw.add_argument("--collective", default="allreduce")
+    draw.add_argument("-o", "--output", required=True, help="the PNG to write")
+    try:
+        args = parser.parse_args(argv)
+    except topo.TopologyError as e:
+        parser.error(str(e))
 
     if args.command == "export":
         try:
@@ -54,10 +81,50 @@ def main(argv: list[str] | None = None) -> int:
         algo.save(args.output)
         print(f"{args.output}: {algo.name} {algo.collective} on {algo.ranks} ranks")
         return 0
+    try:
+        if args.command == "simulate":
+            result = topo.simulate(
+                algorithm_arg(args.algorithm),
+                args.topology,
+                args.bytes,
+                collective=args.collective,
+                slots=args.slots,
+                slice_bytes=args.slice_bytes,
+            )
+            print(f"{args.algorithm} on {args.topology.name}: {result}")
+            for use in result.link_use(args.links) if args.links else []:
+                print(
+                    f"  {use['from']} -> {use['to']} ({use['class']}): {use['bytes']:.0f} B, "
+                    f"busy {use['busy_s'] * 1e6:.2f} us ({100 * use['utilization']:.0f} %)"
+                )
+            return 0
+        if args.command == "draw":
+            if args.what == "topology":
+                topo.draw_topology(topology_arg(args.subject), args.output)
+            else:
+                if args.topology is None:
+                    parser.error("draw timeline needs --topology")
+                topo.draw_timeline(
+                    algorithm_arg(args.subject),
+                    args.topology,
+                    args.output,
+                    args.bytes,
+                    collective=args.collective,
+                )
+            print(f"wrote {args.output}")
+            return 0
+    except (ValueError, RuntimeError, OSError) as e:  # AlgorithmError, TopologyError, weft errors
+        print(f"python -m weft.topo {args.command}: {e}", file=sys.stderr)
+        return 1
     failed = False
     for path in args.files:
         try:
-            report = topo.check(topo.load(path), slots=args.slots, slot_bytes=args.slot_bytes)
+            report = topo.check(
+                topo.load(path),
+                slots=args.slots,
+                slot_bytes=args.slot_bytes,
+                topology=args.topology,
+            )
         except (ValueError, OSError) as e:  # AlgorithmError is a ValueError
             print(e if isinstance(e, topo.AlgorithmError) else f"{path}: {e}")
             failed = True
@@ -65,6 +132,49 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path}: {report}")
         failed |= not report.ok
     return 1 if failed else 0
+
+
+def size_arg(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    try:
+        return int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64K, 1M)") from None
+
+
+BUILDERS = {
+    "ring": lambda d: topo.Topology.ring(*d),
+    "full": lambda d: topo.Topology.fully_connected(*d),
+    "switch": lambda d: topo.Topology.switch(*d),
+    "fat_tree": lambda d: topo.Topology.fat_tree(*d),
+    "torus": lambda d: topo.Topology.torus(tuple(d)),
+    "hosts": lambda d: topo.Topology.hosts(*d),
+    "rail": lambda d: topo.Topology.rail_optimized(*d),
+}
+
+
+def topology_arg(text: str) -> topo.Topology:
+    """A Topology file, or builder:AxB."""
+    kind, _, dims = text.partition(":")
+    if kind in BUILDERS and dims:
+        try:
+            numbers = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise topo.TopologyError(
+                f"{text!r}: the builder's sizes are integers, e.g. torus:4x4"
+            ) from None
+        return BUILDERS[kind](numbers)
+    if not Path(text).exists():
+        raise topo.TopologyError(
+            f"{text!r} is neither a topology file nor a builder ({', '.join(BUILDERS)}:N...)"
+        )
+    return topo.Topology.load(text)
+
+
+def algorithm_arg(text: str):
+    """An Algorithm file, or a built-in family's name."""
+    return text if not text.endswith(".json") and not Path(text).exists() else topo.load(text)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,34 @@ def _shared_connections(program, r: int) -> list[Problem]:
     return problems
 
 
+def route_problems(algo: Algorithm, topology, max_errors: int) -> list[Problem]:
+    """Every step that sends to or receives from a rank the topology joins to it by no route."""
+    if topology.size != algo.ranks:
+        return [Problem(f"the topology has {topology.size} ranks, the algorithm {algo.ranks}")]
+    routed: dict[tuple[int, int], bool] = {}
+    problems = []
+    for r, c, i, step in algo.steps():
+        for peer, towards in ((step.send, True), (step.recv, False)):
+            if peer is None or peer == r:
+                continue
+            pair = (r, peer) if towards else (peer, r)
+            if pair not in routed:
+                routed[pair] = topology.route(*pair) is not None
+            if not routed[pair] and len(problems) < max_errors:
+                what = f"sends to rank {peer}" if towards else f"receives from rank {peer}"
+                problems.append(
+                    Problem(
+                        f"{what}, but the topology ({topology.name}) has no route from rank "
+                        f"{pair[0]} to rank {pair[1]}",
+                        r,
+                        c,
+                        i,
+                        step.name,
+                    )
+                )
+    return problems
+
+
 class _Stop(Exception):
     """Ends the symbolic run at the first error that leaves the state meaningless."""
 
@@ -157,13 +185,18 @@ def check(
     slot_bytes: int | None = None,
     scale: int = 1,
     max_errors: int = 20,
+    topology=None,
 ) -> Report:
     """Runs ``algo`` symbolically and returns a Report; ``report.ok`` when every rank ends with
     exactly the collective's result and nothing deadlocks with ``slots`` messages of
     ``slot_bytes`` per connection (default: what the algorithm was planned for). With
     ``scale``, each element stands for that many on the wire (how topo.run runs an Algorithm
-    on larger buffers): messages are counted as the executor would cut them."""
+    on larger buffers): messages are counted as the executor would cut them. With a
+    ``topology`` (a weft.topo.Topology of as many ranks), every message between two ranks it has
+    no route for is an error too."""
     problems = shape_problems(algo)
+    if not problems and topology is not None:
+        problems = route_problems(algo, topology, max_errors)
     if problems or scale < 1:
         problems = problems or [Problem(f"scale {scale} must be at least 1")]
         return Report(algo.name, algo.ranks, problems)

@@ -8,14 +8,14 @@
 ``Communicator.cost_model`` is the model a live communicator measured at creation, with its
 timed Plans in ``.measured`` (which ``choose`` believes over the link figures at small sizes:
 ``MEASURED_BYTES`` per rank);
-``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads.
+``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads. The worlds they take are
+``weft.topo.Topology`` (topology.py), whose closed-form fields the C++ model reads.
 """
 
 from weft._C.topo import (  # noqa: F401  (re-exported by weft.topo)
     MEASURED_BYTES,
     CostModel,
     LinkCost,
-    Topology,
     algorithms_for,
     choose,
     load_cost_model,

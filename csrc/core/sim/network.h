@@ -1,0 +1,60 @@
+// The network a simulation runs on: nodes (ranks, NICs, switches) joined by
+// links with a latency and a bandwidth, full duplex (each direction its own
+// wire) or half duplex (both directions share one). Routes between ranks are
+// shortest paths in hops, found by a bidirectional breadth-first search and
+// the same every time (ties are broken by a hash of the two ranks and a
+// salt, the channel's tag, so that equal paths through a fat tree's spines,
+// or a host's NICs, spread over them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::sim {
+
+struct Link {
+  int a = 0, b = 0;  // node indices
+  double latency_s = 0;
+  double bandwidth_bps = 1;  // bytes per second
+  bool duplex = true;
+};
+
+// One link crossed in one direction: link * 2 + (0 from a to b, 1 from b to a).
+using Hop = uint32_t;
+inline uint32_t link_of(Hop h) { return h >> 1; }
+
+class Network {
+ public:
+  // rank_nodes[r] is the node of rank r. Throws InvalidArgument naming a
+  // link or rank that is out of range.
+  Network(int nodes, std::vector<int> rank_nodes, std::vector<Link> links);
+
+  int ranks() const { return static_cast<int>(rank_nodes_.size()); }
+  int nodes() const { return nodes_; }
+  const std::vector<Link>& links() const { return links_; }
+  const Link& link(Hop h) const { return links_[link_of(h)]; }
+  // What a hop waits for: its own direction, or the link's one wire.
+  uint32_t wire(Hop h) const { return links_[link_of(h)].duplex ? h : h & ~1u; }
+
+  // Appends the hops from rank `from` to rank `to` (none when equal); false
+  // when no path joins them.
+  bool route(int from, int to, std::vector<Hop>& hops, int salt = 0) const;
+
+ private:
+  int nodes_;
+  std::vector<int> rank_nodes_;
+  std::vector<Link> links_;
+  // Adjacency in CSR form: node u's neighbours are adj_[start_[u] .. start_[u+1]),
+  // each a hop leaving u.
+  std::vector<uint32_t> start_;
+  std::vector<Hop> adj_;
+  // Search state, stamped per query so it is never cleared.
+  mutable std::vector<uint32_t> stamp_[2];
+  mutable std::vector<Hop> via_[2];
+  mutable std::vector<uint32_t> depth_[2];
+  mutable uint32_t query_ = 0;
+  int far_end(Hop h) const { return h & 1 ? links_[link_of(h)].a : links_[link_of(h)].b; }
+};
+
+}  // namespace weft::sim

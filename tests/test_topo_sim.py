@@ -1,0 +1,245 @@
+"""weft.topo.simulate: the event simulation against the closed form where nothing contends, its
+contention, channels, deadlocks, per-link figures and lower bounds."""
+
+import math
+
+import pytest
+from weft import topo
+from weft.topo import Topology
+
+ALPHA, BETA, GAMMA = 7e-6, 1 / 3e9, 1 / 11e9
+
+
+def model():
+    m = topo.CostModel()
+    m.tcp = topo.LinkCost(ALPHA, BETA)
+    m.shm = topo.LinkCost(ALPHA, BETA)
+    m.gamma_s_per_b = GAMMA
+    return m
+
+
+def ring(p):
+    return Topology.ring(p, latency_s=ALPHA, bandwidth_Bps=1 / BETA)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8, 13])
+@pytest.mark.parametrize("per_rank", [1, 7, 4096])
+def test_ring_agrees_with_the_closed_form_where_nothing_contends(p, per_rank):
+    # Chunks of equal size (the closed form divides bytes evenly), in one round.
+    nbytes = 4 * p * per_rank
+    world = ring(p)
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        sim = topo.simulate("ring", world, nbytes, collective=collective, gamma_s_per_b=GAMMA)
+        closed = topo.predict("ring", collective, nbytes, world, model())
+        assert sim.time_s == pytest.approx(closed, rel=1e-9), collective
+
+
+@pytest.mark.parametrize("p", [2, 4, 16, 32])
+def test_binomial_broadcast_agrees_with_the_closed_form(p):
+    # On a full mesh a parent's sends leave at once (buffered, each on its own link), so the
+    # depth of the tree is what costs: ceil(log2 p) rounds as the closed form says where p is a
+    # power of two (below one, the deepest branch is shorter than the rounds).
+    world = Topology.fully_connected(p, latency_s=ALPHA, bandwidth_Bps=1 / BETA)
+    sim = topo.simulate("tree", world, 4096, collective="broadcast", root=p // 3)
+    assert sim.time_s == pytest.approx(topo.predict("tree", "broadcast", 4096, world, model()))
+
+
+def test_an_algorithm_from_python_runs_as_the_same_plan_from_cpp():
+    world = Topology.torus((3, 4))
+    for family in ("ring", "rhd", "tree", "rd"):
+        # Built-in Plans depend on the hosts: the torus's ranks are each a host of their own.
+        algo = topo.builtin("allreduce", family, 12, count=3000, hosts=list(range(12)))
+        a = topo.simulate(algo, world)
+        b = topo.simulate(
+            family,
+            world,
+            12000,
+            slice_bytes=algo.slot_bytes,
+            slots=algo.slots,
+            step_bytes=algo.slot_bytes * algo.slots // 2,
+        )
+        assert a.time_s == pytest.approx(b.time_s, rel=1e-12), family
+        assert a.messages == b.messages
+        assert a.hop_bytes == b.hop_bytes
+
+
+def test_links_shared_by_messages_contend():
+    # rd pairs ranks far apart: on a ring their messages share links, on a full mesh they do not.
+    nbytes = 1 << 20
+    mesh = topo.simulate("rd", Topology.fully_connected(8), nbytes)
+    ring8 = topo.simulate("rd", Topology.ring(8), nbytes)
+    assert ring8.time_s > 1.5 * mesh.time_s
+
+    # Half duplex: a two-rank exchange takes both directions of one wire in turn.
+    def pair(duplex):
+        return Topology(
+            nodes=[("a", "rank", None), ("b", "rank", None)],
+            ranks=[0, 1],
+            links=[topo.Link(0, 1, 1e-6, 1e9, duplex)],
+        )
+
+    full = topo.simulate("rd", pair(True), nbytes, gamma_s_per_b=0)
+    half = topo.simulate("rd", pair(False), nbytes, gamma_s_per_b=0)
+    assert full.time_s == pytest.approx(1e-6 + nbytes / 1e9)
+    assert half.time_s == pytest.approx(1e-6 + 2 * nbytes / 1e9)
+
+
+def test_per_link_bytes_and_busy_time():
+    p, nbytes = 6, 6 * 1000 * 4
+    world = ring(p)
+    r = topo.simulate("ring", world, nbytes)
+    forward = [u for u in r.link_use() if u["to"] == f"rank{(int(u['from'][4:]) + 1) % p}"]
+    assert len(forward) == p and len(r.link_use()) == p  # only the ring's direction is used
+    for u in forward:
+        assert u["bytes"] == 2 * (p - 1) / p * nbytes
+        assert u["busy_s"] == pytest.approx(u["bytes"] * BETA)
+        assert 0 < u["utilization"] <= 1
+    assert r.algbw == pytest.approx(nbytes / r.time_s)
+    assert r.busbw == pytest.approx(r.algbw * 2 * (p - 1) / p)
+
+
+def test_lower_bounds_hold():
+    for world in (Topology.ring(9), Topology.hosts(2, 4), Topology.fat_tree(16, per_leaf=4)):
+        p = world.size
+        for family in ("ring", "rhd", "tree", "rd"):
+            for nbytes in (4 * p, 1 << 20):
+                r = topo.simulate(family, world, nbytes)
+                assert set(r.fraction) == {"latency", "bandwidth", "cut"}
+                assert all(0 < f <= 1 + 1e-9 for f in r.fraction.values()), (family, r)
+    r = topo.simulate("ring", ring(8), 1 << 20)
+    assert r.bounds["latency"] == pytest.approx(3 * ALPHA)
+    # A rank of a ring has two links: the bound uses both, the ring algorithm one.
+    assert r.bounds["bandwidth"] == pytest.approx(2 * 7 / 8 * (1 << 20) * BETA / 2)
+    assert r.bounds["cut"] == pytest.approx((1 << 20) * BETA / 2)
+
+
+def test_channels_progress_concurrently_and_wait_on_deps():
+    # Rank 0 receives on channel 0 while it sends on channel 1: run one after the other they
+    # would take twice as long as one transfer; run concurrently, as long as one; when the send
+    # waits for the receive (after=), twice again.
+    nodes = [("r0", "rank", None), ("r1", "rank", None)]
+    nodes += [("s0", "switch", None), ("s1", "switch", None)]
+    links = [topo.Link(0, 2, 0, 1e9), topo.Link(2, 1, 0, 1e9)]
+    links += [topo.Link(0, 3, 0, 1e9), topo.Link(3, 1, 0, 1e9)]
+    world = Topology(nodes=nodes, ranks=[0, 1], links=links)
+    n = 1 << 18
+
+    def two_channels(chained):
+        p = topo.Program("allreduce", ranks=2, count=n, name="crossing")
+        got = p.recv(0, frm=1, dst=p.output[0:n], channel=0)
+        p.send(0, to=1, src=p.input[0:n], channel=1, after=[got] if chained else [])
+        p.send(1, to=0, src=p.input[0:n], channel=0)
+        p.recv(1, frm=0, dst=p.output[0:n], channel=1)
+        algo = p.algorithm()
+        for program in algo.programs:
+            program.channels[1].tag = 1
+        return algo
+
+    concurrent = topo.simulate(two_channels(False), world)
+    chained = topo.simulate(two_channels(True), world)
+    assert concurrent.messages == chained.messages == 2 * 4  # 1 MiB each, in 256 KiB slices
+    assert concurrent.time_s == pytest.approx(4 * n / 1e9)
+    assert chained.time_s == pytest.approx(2 * 4 * n / 1e9)
+
+
+def test_a_deadlock_names_the_stuck_steps():
+    p = topo.Program("allreduce", ranks=2, count=4, name="stuck")
+    for r in (0, 1):
+        p.recv(r, frm=1 - r, dst=p.output[0:4])
+        p.send(r, to=1 - r, src=p.input[0:4])
+    with pytest.raises(
+        RuntimeError, match=r"deadlock: 2 channel\(s\).*rank 0 channel 0 step 0 receiving from 1"
+    ):
+        topo.simulate(p.algorithm(), Topology.ring(2))
+
+
+def test_finite_slots_hold_back_a_pipeline():
+    # A chain forwards slices: with one slot a sender waits for each slice to arrive.
+    world = Topology.ring(4, latency_s=50e-6, bandwidth_Bps=1e9)
+    options = dict(collective="broadcast", slice_bytes=4096)
+    many = topo.simulate("chain", world, 1 << 20, slots=8, **options)
+    one = topo.simulate("chain", world, 1 << 20, slots=1, **options)
+    assert one.time_s > 2 * many.time_s
+    assert one.time_s == pytest.approx(256 * (50e-6 + 4096 / 1e9), rel=0.05)
+
+
+def test_bad_input_is_refused_clearly():
+    with pytest.raises(ValueError, match="no built-in family 'warp'"):
+        topo.simulate("warp", ring(4), 1024)
+    with pytest.raises(ValueError, match="has 5 ranks, the topology 4"):
+        topo.simulate(topo.builtin("allreduce", "ring", 5), ring(4))
+    with pytest.raises(ValueError, match="no route from rank 0 to rank 1"):
+        topo.simulate(
+            "ring",
+            Topology(nodes=[("a", "rank", None), ("b", "rank", None)], ranks=[0, 1], links=[]),
+            1024,
+        )
+    with pytest.raises(ValueError, match="whole number"):
+        topo.simulate("ring", ring(4), 1023)
+    with pytest.raises(TypeError):
+        topo.simulate(3, ring(4), 1024)
+
+
+def test_counts_zero_one_and_primes_and_odd_worlds():
+    for p in (1, 2, 3, 11):
+        world = Topology.switch(p)
+        for count in (0, 1, 7, 13):
+            r = topo.simulate("ring", world, 4 * count)
+            assert r.time_s >= 0 and math.isfinite(r.time_s)
+            if p == 1 or count == 0:
+                assert r.messages == 0
+
+
+def test_command_line_simulate_and_draw(tmp_path, capsys):
+    from weft.topo.__main__ import main
+
+    path = tmp_path / "ring6.json"
+    assert main(["export", "allreduce", "ring", "6", "--count", "600", "-o", str(path)]) == 0
+    assert main(["simulate", str(path), "--topology", "torus:2x3", "--links", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ring allreduce of 2400 B on 6 ranks" in out and out.count(" -> ") == 2
+    assert main(["simulate", "rhd", "--topology", "hosts:2x4", "--bytes", "64K"]) == 0
+    assert "rhd allreduce of 65536 B on 8 ranks" in capsys.readouterr().out
+    assert main(["simulate", str(path), "--topology", "ring:5"]) == 1
+    assert "has 6 ranks, the topology 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "ring", "--topology", "blob:3", "--bytes", "1K"])
+    assert main(["check", str(path), "--topology", "ring:6"]) == 0
+    pytest.importorskip("matplotlib")
+    for args in (
+        ["draw", "topology", "rail:2x4"],
+        ["draw", "timeline", str(path), "--topology", "switch:6", "--bytes", "64K"],
+    ):
+        png = tmp_path / "x.png"
+        assert main([*args, "-o", str(png)]) == 0
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        png.unlink()
+
+
+def test_pictures_of_a_prediction_and_a_timeline(tmp_path):
+    pytest.importorskip("matplotlib")
+    world = Topology.hosts(2, 2)
+    r = topo.draw_timeline("ring", world, tmp_path / "t.png", 1 << 16, limit=50)
+    assert len(r.trace) == 50 and all(end >= start for _, _, start, end in r.trace)
+    topo.draw_prediction([(1 << 16, 1e-4, 1.1e-4), (1 << 20, 1e-3, 0.9e-3)], tmp_path / "p.png")
+    topo.draw_topology(Topology.fat_tree(16, per_leaf=4), tmp_path / "f.png")
+    assert all((tmp_path / f).stat().st_size > 1000 for f in ("t.png", "p.png", "f.png"))
+
+
+def test_imported_msccl_algorithms_simulate_with_a_channel_per_thread_block():
+    shared = "../shared/msccl/"
+    ring8 = topo.load_msccl(shared + "msccl-tools_allreduce_ring_8_1_LL128.xml")
+    assert len(ring8.programs[0].channels) == 8
+    world = ring(8)
+    ours = topo.simulate("ring", world, 1 << 20)
+    theirs = topo.simulate(ring8, world, 1 << 20)
+    assert theirs.messages == 112 and theirs.time_s > 0
+    # Eight rings side by side move the same bytes over each link as weft's one.
+    assert sum(theirs.hop_bytes) == pytest.approx(sum(ours.hop_bytes))
+    hier4 = topo.load_msccl(shared + "msccl-scheduler_ncv4_allgather_hier_4_LL.xml")
+    assert topo.simulate(hier4, Topology.hosts(2, 2), 1 << 16).time_s > 0
+    assert topo.check(hier4, topology=Topology.hosts(2, 2)).ok
+    # At its own size with one-element slots a scaled step would be thousands of messages
+    # through 8 slots, which deadlocks: the error names the channel's own step.
+    with pytest.raises(RuntimeError, match=r"rank \d channel \d step \d"):
+        topo.simulate(ring8, world, 1 << 20, slice_bytes=4)

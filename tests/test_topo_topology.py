@@ -1,0 +1,178 @@
+"""weft.topo.Topology as a network: builders, routes, JSON, calibration, and the closed form."""
+
+import json
+
+import pytest
+from weft import topo
+from weft.topo import Topology, TopologyError
+
+
+def test_builders_work_with_defaults_in_one_call():
+    ring = Topology.ring(4096)
+    assert (ring.size, len(ring.links)) == (4096, 4096)
+    assert len(Topology.fully_connected(7).links) == 21
+    assert len(Topology.switch(5).links) == 5
+    torus = Topology.torus((32, 32))
+    assert (torus.size, len(torus.links)) == (1024, 2048)
+    assert Topology.torus((4, 2, 3)).size == 24
+    hosts = Topology.hosts(4, 8)
+    assert (hosts.size, hosts.hosts, hosts.ranks_per_host, hosts.any_tcp) == (32, 4, 8, True)
+    assert Topology.fat_tree().size == 64
+    assert Topology.rail_optimized().size == 32
+    kinds = {k for _, k, _ in hosts.nodes}
+    assert kinds == {"rank", "nic", "switch"}
+
+
+def test_routes_are_shortest_and_deterministic():
+    ring = Topology.ring(10)
+    assert ring.route(0, 3) == ["rank0", "rank1", "rank2", "rank3"]
+    assert ring.route(0, 8) == ["rank0", "rank9", "rank8"]  # the short way round
+    assert ring.route(4, 4) == ["rank4"]
+    torus = Topology.torus((8, 8))
+    for a, b in ((0, 63), (9, 54), (7, 56)):
+        ax, ay, bx, by = a // 8, a % 8, b // 8, b % 8
+        dist = min(abs(ax - bx), 8 - abs(ax - bx)) + min(abs(ay - by), 8 - abs(ay - by))
+        assert len(torus.route(a, b)) == dist + 1
+        assert torus.route(a, b) == torus.route(a, b)
+    hosts = Topology.hosts(3, 4)
+    assert hosts.route(0, 3) == ["host0.rank0", "host0.nvswitch", "host0.rank3"]
+    assert hosts.route(1, 9) == [
+        "host0.rank1",
+        "host0.nvswitch",
+        "host0.nic0",
+        "switch",
+        "host2.nic0",
+        "host2.nvswitch",
+        "host2.rank1",
+    ]
+    # A rail-optimized world crosses hosts on the rail of the local index.
+    rail = Topology.rail_optimized(4, 4)
+    assert rail.route(1, 13) == ["host0.rank1", "host0.nic1", "rail1", "host3.nic1", "host3.rank1"]
+
+
+def test_fat_tree_spreads_routes_over_spines():
+    tree = Topology.fat_tree(64, per_leaf=8)
+    spines = {tree.route(a, b)[2] for a in range(8) for b in range(56, 64)}
+    assert all(len(tree.route(a, 63)) == 5 for a in range(8))
+    assert len(spines) >= 4  # equal paths spread by the ranks' hash, not all on spine0
+
+
+def test_no_route_is_none():
+    t = Topology(
+        nodes=[("a", "rank", None), ("b", "rank", None), ("c", "rank", None)],
+        ranks=[0, 1, 2],
+        links=[topo.Link(0, 1, 1e-6, 1e9)],
+    )
+    assert t.route(0, 1) == ["a", "b"]
+    assert t.route(0, 2) is None
+
+
+def test_closed_form_still_works_and_a_network_feeds_it():
+    closed = Topology(size=8, hosts=2)
+    assert (closed.size, closed.hosts, closed.ranks_per_host) == (8, 2, 4)
+    net = Topology.hosts(2, 4)
+    for family in topo.algorithms_for("allreduce", closed):
+        assert topo.predict(family, "allreduce", 1 << 20, net) == topo.predict(
+            family, "allreduce", 1 << 20, closed
+        )
+    assert topo.choose("allreduce", 1 << 20, net) == topo.choose("allreduce", 1 << 20, closed)
+    # A closed-form world simulates on the hosts network of the default figures.
+    assert closed.route(0, 5)[1] == "host0.nvswitch"
+    with pytest.raises(TopologyError, match="size="):
+        Topology()
+
+
+def test_json_round_trip(tmp_path):
+    for t in (Topology.hosts(2, 3), Topology.torus((3, 3)), Topology.fat_tree(8, per_leaf=4)):
+        path = tmp_path / "t.json"
+        t.save(path)
+        back = Topology.load(path)
+        assert back.to_json() == t.to_json()
+        assert (back.size, back.hosts) == (t.size, t.hosts)
+        assert back.route(0, t.size - 1) == t.route(0, t.size - 1)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(colour=1), "top level: unknown key"),
+        (lambda d: d["links"][2].update(speed=1), "link 2: unknown key"),
+        (lambda d: d["links"][1].update(latency_s=-1.0), "link 1: latency_s"),
+        (lambda d: d["links"][0].update(bandwidth_Bps="fast"), "link 0: 'bandwidth_Bps' must be"),
+        (lambda d: d["links"][0].update(a=99), "link 0 joins nodes 99"),
+        (lambda d: d["links"][0].update(duplex=1), "link 0: 'duplex' must be bool"),
+        (lambda d: d["nodes"][3].update(kind="router"), "node 3: kind 'router'"),
+        (lambda d: d["nodes"][0].pop("name"), "node 0: missing 'name'"),
+        (lambda d: d["ranks"].__setitem__(1, True), "rank 1: its node must be an integer"),
+        (lambda d: d["ranks"].__setitem__(1, d["ranks"][0]), "two ranks sit on one node"),
+        (lambda d: d.update(format="x"), "format 'x'"),
+    ],
+)
+def test_json_refuses_what_it_does_not_know(tmp_path, edit, message):
+    data = Topology.hosts(2, 2).to_json()
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TopologyError, match=message):
+        Topology.load(path)
+
+
+def test_calibration_from_a_cost_model(tmp_path):
+    model = topo.CostModel()
+    model.shm = topo.LinkCost(3e-6, 1 / 20e9)
+    model.tcp = topo.LinkCost(40e-6, 1 / 1e9)
+    model.gamma_s_per_b = 1 / 5e9
+
+    def end_to_end(t, a, b):
+        links = [t.links[i] for i, _ in t.route_links(a, b)]
+        return sum(x.latency_s for x in links), min(x.bandwidth_Bps for x in links)
+
+    for source in (model, tmp_path / "tune.txt"):
+        if not isinstance(source, topo.CostModel):
+            topo.save_cost_model(model, str(source))
+        t = Topology.from_cost_model(source, 2, 2)
+        assert end_to_end(t, 0, 1) == pytest.approx((3e-6, 20e9))
+        assert end_to_end(t, 0, 3) == pytest.approx((40e-6, 1e9))
+        assert t.gamma_s_per_b == pytest.approx(1 / 5e9)
+    assert Topology.from_cost_model().size == 2
+    with pytest.raises(TopologyError, match="CostModel or a path"):
+        Topology.from_cost_model(3)
+    faster = Topology.hosts(2, 2).with_class("nic", bandwidth_Bps=1e12)
+    assert {x.bandwidth_Bps for x in faster.links if x.cls == "nic"} == {1e12}
+    with pytest.raises(TopologyError, match="no links of class 'warp'"):
+        faster.with_class("warp", 1.0)
+
+
+def test_builders_refuse_bad_shapes():
+    for build, message in (
+        (lambda: Topology.ring(0), "ring needs n >= 1"),
+        (lambda: Topology.torus((3, 0)), "torus needs dims"),
+        (lambda: Topology.hosts(2, 0), "per_host >= 1"),
+        (lambda: Topology.fully_connected(5000), "n <= 1024"),
+    ):
+        with pytest.raises(TopologyError, match=message):
+            build()
+
+
+def test_check_reports_messages_the_topology_cannot_carry():
+    ring = topo.builtin("allreduce", "ring", 4, count=8)
+    assert topo.check(ring, topology=Topology.ring(4)).ok
+    split = Topology(
+        nodes=[(f"r{r}", "rank", None) for r in range(4)],
+        ranks=[0, 1, 2, 3],
+        links=[topo.Link(0, 1, 1e-6, 1e9), topo.Link(2, 3, 1e-6, 1e9)],
+        name="two pairs",
+    )
+    report = topo.check(ring, topology=split)
+    assert not report.ok
+    first = report.errors[0]  # rank 0 receives from rank 3 in its second step
+    assert (first.rank, first.channel, first.step) == (0, 0, 1)
+    assert "receives from rank 3, but the topology (two pairs) has no route from rank 3" in str(
+        first
+    )
+    assert any(
+        (e.rank, e.step) == (1, 0) and "sends to rank 2" in str(e) and "rank 1 channel 0" in str(e)
+        for e in report.errors
+    )
+    assert any("receives from rank 1" in str(e) and e.rank == 2 for e in report.errors)
+    assert "has 5 ranks, the algorithm 4" in str(topo.check(ring, topology=Topology.ring(5)))

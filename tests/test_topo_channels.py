@@ -125,6 +125,36 @@ def test_two_channel_allreduces_run_side_by_side(pools, size, transport):
         assert not wrong, "\n".join(wrong[:5])
 
 
+def gather_and_reduce(n: int, k: int) -> topo.Algorithm:
+    """An allreduce of 3 ranks with a `reduce` step: each rank sends its input both ways round
+    (channels 0 and 1), and a third channel, which sends nothing, copies the input to the output
+    and adds each received block once its channel has it."""
+    p = topo.Program("allreduce", ranks=n, count=k, name="gather_and_reduce")
+    for r in range(n):
+        p.send(r, to=(r + 1) % n, src=p.input[0:k], channel=0)
+        left = p.recv(r, frm=(r - 1) % n, dst=p.scratch[0:k], channel=0)
+        p.send(r, to=(r - 1) % n, src=p.input[0:k], channel=1)
+        right = p.recv(r, frm=(r + 1) % n, dst=p.scratch[k : 2 * k], channel=1)
+        p.copy(r, src=p.input[0:k], dst=p.output[0:k], channel=2)
+        p.reduce(r, src=p.scratch[0:k], dst=p.output[0:k], channel=2, after=left)
+        p.reduce(r, src=p.scratch[k : 2 * k], dst=p.output[0:k], channel=2, after=right)
+    return p.algorithm()
+
+
+def case_reduce_steps(ctx):
+    comm, n, r = ctx.comm, ctx.size, ctx.rank
+    algo = gather_and_reduce(n, 5)
+    inputs = inputs_of(n, 5 * 61, seed=3)
+    out = np.zeros(5 * 61, np.float32)
+    topo.run(algo, comm, inputs[r], out)
+    return bool(np.array_equal(out, sum(inputs)))
+
+
+def test_reduce_steps_run_on_a_channel_without_connections(pools):
+    assert topo.check(gather_and_reduce(3, 5)).ok
+    assert pools.get(3, "shm").run(case_reduce_steps) == [True] * 3
+
+
 def case_tree_in_one_and_two_channels(ctx, count):
     """The double tree as communicators plan it (two channels) and with one, through the
     executor, over many rounds."""

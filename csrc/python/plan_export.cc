@@ -21,6 +21,7 @@ const char* kind_name(Step::Kind k) {
     case Step::Kind::Fused: return "fused";
     case Step::Kind::Exchange: return "exchange";
     case Step::Kind::LocalReduce: return "local_reduce";
+    case Step::Kind::Reduce: return "reduce";
   }
   return "?";
 }
@@ -143,9 +144,11 @@ Plan import_plan(const py::dict& d) {
       step.kind = Step::Kind::Exchange;
     } else if (kind == "local_reduce") {
       step.kind = Step::Kind::LocalReduce;
+    } else if (kind == "reduce") {
+      step.kind = Step::Kind::Reduce;
     } else {
       throw InvalidArgument(where + ": kind '" + kind +
-                            "': the executor runs fused, exchange and local_reduce steps");
+                            "': the executor runs fused, exchange, local_reduce and reduce steps");
     }
     step.recv_peer = import_peer(s, "recv", where);
     step.send_peer = import_peer(s, "send", where);

@@ -52,6 +52,9 @@ struct Step {
     // No communication: `local` holds size() blocks of `count` elements and
     // dst = block 0 (op) block 1 (op) ... in that order.
     LocalReduce,
+    // No communication: dst = dst (op) local, `count` elements each (MSCCL's
+    // "re"); dst is local or apart from it.
+    Reduce,
   };
   Kind kind = Kind::Fused;
   int recv_peer = -1;

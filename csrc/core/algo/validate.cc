@@ -123,6 +123,15 @@ void validate(const Plan& plan, int rank, int size, size_t in_count, size_t out_
         }
         break;
       }
+      case Step::Kind::Reduce:
+        if (s.recv_peer >= 0 || s.send_peer >= 0 || s.operand || !s.local || !s.dst ||
+            s.local->count != s.count || s.dst->count != s.count) {
+          fail("a reduce needs no peers, and a local and a dst of count elements");
+        }
+        if (overlap(*s.local, *s.dst) && !same(*s.local, *s.dst)) {
+          fail("a reduce's dst overlaps its local without being it");
+        }
+        break;
     }
   }
 }

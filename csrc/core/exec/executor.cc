@@ -197,6 +197,13 @@ class Run {
       case Step::Kind::Fused: return advance_fused(s, p);
       case Step::Kind::Exchange: return advance_exchange(s, p);
       case Step::Kind::LocalReduce: run_local_reduce(s); return true;
+      case Step::Kind::Reduce:
+        if (s.count > 0) {
+          char* dst = address(*s.dst);
+          reduce::reduce(dst, nullptr, dst, address(*s.local), s.count, op_.dtype, op_.op,
+                         divisor(s), false);
+        }
+        return true;
     }
     return true;
   }

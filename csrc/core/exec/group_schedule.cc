@@ -30,6 +30,9 @@ class Builder {
         case Step::Kind::Fused: fused(s); break;
         case Step::Kind::Exchange: exchange(s); break;
         case Step::Kind::LocalReduce: local_reduce(s); break;
+        case Step::Kind::Reduce:
+          if (s.count > 0) reduce(at(*s.dst), {at(*s.dst), at(*s.local)}, s.count, s.finalize);
+          break;
       }
     }
     close_batch();

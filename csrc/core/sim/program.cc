@@ -158,6 +158,11 @@ void Programs::add_plan(int rank, const Plan& plan, size_t elem) {
         s.sizes.recv_bytes = st.dst ? st.dst->count * elem : 0;
         if (st.operand) s.sizes.compute_bytes = s.sizes.recv_bytes;
         break;
+      case Step::Kind::Reduce:
+        s.kind = SimStep::Compute;
+        s.recv = s.send = -1;
+        s.sizes.compute_bytes = st.count * elem;
+        break;
       case Step::Kind::LocalReduce:
         s.kind = SimStep::Compute;
         s.recv = s.send = -1;

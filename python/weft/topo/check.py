@@ -455,12 +455,17 @@ class _Run:
                 self.error("an exchange's dst may not overlap what it sends", *at)
         elif s.kind == "reduce":
             if (
-                s.local is None
+                s.recv is not None
+                or s.send is not None
+                or s.operand is not None
+                or s.local is None
                 or s.dst is None
                 or s.local.count != s.count
                 or (s.dst.count != s.count)
             ):
-                self.error("reduce needs local and dst of count elements", *at)
+                self.error("a reduce needs no peers, and a local and a dst of count elements", *at)
+            elif _overlap(s.local, s.dst) and s.local != s.dst:
+                self.error("a reduce's dst overlaps its local without being it", *at)
         elif (
             s.local is None
             or s.dst is None

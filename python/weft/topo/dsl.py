@@ -91,7 +91,7 @@ class Program:
         return self._add(rank, options, kind="local_reduce", local=src, dst=dst, count=dst.count)
 
     def reduce(self, rank, src, dst, **options) -> StepRef:
-        """dst = dst (op) src, locally (the checker runs it; the executor has no such step)."""
+        """dst = dst (op) src, locally."""
         return self._add(rank, options, kind="reduce", local=src, dst=dst)
 
     def exchange(self, rank, peer, send, recv, *, operand=None, **options) -> StepRef:

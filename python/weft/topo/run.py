@@ -19,7 +19,7 @@ import numpy as np
 from weft.topo.algorithm import Algorithm, AlgorithmError, Span
 from weft.topo.check import check
 
-RUNNABLE = ("fused", "exchange", "local_reduce")
+RUNNABLE = ("fused", "exchange", "local_reduce", "reduce")
 
 
 def scaled(algo: Algorithm, factor: int) -> Algorithm:
@@ -57,7 +57,8 @@ def plan_of(algo: Algorithm, rank: int) -> dict:
     one list, in an order where each step comes after the steps it depends on and after the
     earlier steps of its channel (the executor still runs the channels side by side); deps as
     indices into that list; the tags numbered 0, 1, ... in the order the whole Algorithm uses
-    them, so that a communicator needs only as many connection sets as there are tags."""
+    them by messages, so that a communicator needs only as many connection sets as there are
+    such tags."""
     program = algo.programs[rank]
     tags = _tag_numbers(algo)
     position = {}  # (channel, index) -> place in the list
@@ -79,7 +80,7 @@ def plan_of(algo: Algorithm, rank: int) -> dict:
             raise AlgorithmError(
                 f"{algo.name}: rank {rank}'s channels wait on each other in a cycle"
             )
-    channel_tags = [tags[_tag(ch, c)] for c, ch in enumerate(program.channels)]
+    channel_tags = [tags.get(_tag(ch, c), 0) for c, ch in enumerate(program.channels)]
     return {
         "algorithm": algo.name,
         "scratch": program.scratch,
@@ -93,7 +94,16 @@ def _tag(channel, index: int) -> int:
 
 
 def _tag_numbers(algo: Algorithm) -> dict[int, int]:
-    used = sorted({_tag(ch, c) for p in algo.programs for c, ch in enumerate(p.channels)})
+    """A number for each tag that carries messages (a channel that only computes needs no
+    connections: it gets 0)."""
+    used = sorted(
+        {
+            _tag(ch, c)
+            for p in algo.programs
+            for c, ch in enumerate(p.channels)
+            if any(s.send is not None or s.recv is not None for s in ch.steps)
+        }
+    )
     return {tag: n for n, tag in enumerate(used)}
 
 

@@ -120,7 +120,9 @@ def case_two_channel_allreduces(ctx, k, factor):
 @pytest.mark.parametrize("size,transport", [(3, "shm"), (4, "tcp-small")])
 def test_two_channel_allreduces_run_side_by_side(pools, size, transport):
     pool = pools.get(size, transport)
-    for k, factor in ((1, 1), (5, 1), (3, 1031)):
+    # Steps of at most half the 4 KiB x 4 slots of tcp-small: larger ones deadlock a ring that
+    # sends before it receives, as the checker says.
+    for k, factor in ((1, 1), (5, 1), (3, 509)):
         wrong = [w for rank in pool.run(case_two_channel_allreduces, k, factor) for w in rank]
         assert not wrong, "\n".join(wrong[:5])
 

@@ -94,10 +94,10 @@ void bind_sim(py::module_& parent) {
           "add_builtin",
           [](sim::Programs& p, const std::string& collective, const std::string& algorithm,
              size_t count, size_t elem_size, int root, bool in_place, bool finalize,
-             size_t max_step_bytes, std::vector<int> hosts) {
+             size_t max_step_bytes, std::vector<int> hosts, int channels) {
             PlanRequest q{collective,       algorithm, 0,        p.ranks(), count,
                           elem_size,        root,      in_place, finalize,  max_step_bytes,
-                          std::move(hosts), {},        true};
+                          std::move(hosts), {},        true,     channels};
             py::gil_scoped_release release;
             std::string name;
             for (int r = 0; r < p.ranks(); ++r) {
@@ -111,9 +111,9 @@ void bind_sim(py::module_& parent) {
           py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::kw_only(),
           py::arg("elem_size") = 4, py::arg("root") = 0, py::arg("in_place") = false,
           py::arg("finalize") = false, py::arg("max_step_bytes") = 1 << 20,
-          py::arg("hosts") = std::vector<int>{},
-          "Adds every rank's Plan of a built-in family (build_plan, as weft._C.topo.plan); "
-          "returns the Plan's algorithm name.")
+          py::arg("hosts") = std::vector<int>{}, py::arg("channels") = 2,
+          "Adds every rank's Plan of a built-in family (build_plan, as weft._C.topo.plan, for "
+          "`channels` connection sets per peer); returns the Plan's algorithm name.")
       .def_property_readonly("total_steps", &sim::Programs::total_steps);
 
   m.def(

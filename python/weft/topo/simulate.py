@@ -102,6 +102,7 @@ def simulate(
     step_bytes: int | None = None,
     gamma_s_per_b: float | None = None,
     trace_limit: int = 0,
+    channels: int = 2,
 ) -> SimResult:
     """Simulates ``algo`` on ``topology`` for calls of ``nbytes`` (the count a call passes, in
     bytes: per rank for allreduce, per block for reduce_scatter, allgather and alltoall).
@@ -111,7 +112,8 @@ def simulate(
     budget: the topology's, at most half of slots x slice) default to the topology's, or for an
     Algorithm at its own size to what it was planned for (``slot_bytes``, ``slots``); gamma
     (seconds a byte reduced) to the topology's. ``trace_limit``: keep the first that many wire
-    uses in ``result.trace`` (hop, sending rank, start_s, end_s)."""
+    uses in ``result.trace`` (hop, sending rank, start_s, end_s). A built-in is planned for
+    ``channels`` connection sets per peer (a communicator's WEFT_CHANNELS, 2 by default)."""
     if not isinstance(topology, Topology):
         raise TopologyError(f"simulate needs a topo.Topology, got {type(topology).__name__}")
     gamma = topology.gamma_s_per_b if gamma_s_per_b is None else gamma_s_per_b
@@ -137,7 +139,7 @@ def simulate(
         # As a communicator plans: a step fills at most half its connections' buffering.
         step_bytes = step_bytes or min(topology.step_bytes, max(1, slice_bytes * slots // 2))
         name, programs = _builtin(
-            algo, collective, topology, nbytes, in_place, root, elem_size, step_bytes
+            algo, collective, topology, nbytes, in_place, root, elem_size, step_bytes, channels
         )
     else:
         raise TypeError(f"simulate takes an Algorithm or a family name, got {type(algo).__name__}")
@@ -171,7 +173,7 @@ def simulate(
     )
 
 
-def _builtin(family, collective, topology, nbytes, in_place, root, elem_size, step_bytes):
+def _builtin(family, collective, topology, nbytes, in_place, root, elem_size, step_bytes, channels):
     if collective not in FAMILIES or family not in FAMILIES[collective]:
         known = ", ".join(FAMILIES.get(collective, ()))
         raise ValueError(f"{collective!r} has no built-in family {family!r} (it has: {known})")
@@ -188,6 +190,7 @@ def _builtin(family, collective, topology, nbytes, in_place, root, elem_size, st
         in_place=in_place,
         max_step_bytes=step_bytes,
         hosts=hosts,
+        channels=channels,
     )
     return name, programs
 

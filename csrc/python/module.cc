@@ -19,6 +19,7 @@
 #include "schedule.h"
 #include "store.h"
 #include "topo.h"
+#include "wire.h"
 #ifdef WEFT_HAVE_CUDA
 #include "cuda.h"
 #endif
@@ -444,6 +445,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace weft::python;
   m.doc() = "weft core: collectives over shared memory and TCP";
   bind_topo(m);
+  bind_wire(m);
   bind_schedule(m);
 #ifdef WEFT_HAVE_CUDA
   bind_cuda(m);

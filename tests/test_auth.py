@@ -175,33 +175,39 @@ def finish(ranks: Ranks, go: list[str], timeout: float = 60) -> list[dict]:
 SECRET = "correct horse battery staple"
 
 
-@pytest.mark.parametrize(
-    "env,address",
-    [
-        ({}, "0.0.0.0"),
-        ({"WEFT_SOCKET_ADDR": "127.0.0.1", "WEFT_JOB_SECRET": SECRET}, "127.0.0.1"),
-        ({"WEFT_SOCKET_IFNAME": "lo"}, "127.0.0.1"),
-    ],
-    ids=["unset-drawn-secret", "addr-env-secret", "ifname-drawn-secret"],
-)
-def test_only_ranks_with_the_secret_get_in_on_the_named_address(tmp_path, env, address):
+# Each listen setting on a rank of its own (rank 3 starts late): (env, the address it listens on).
+LISTEN_SETTINGS = [
+    ({"WEFT_SOCKET_ADDR": "127.0.0.1"}, "127.0.0.1"),
+    ({"WEFT_SOCKET_IFNAME": "lo"}, "127.0.0.1"),
+    ({}, "0.0.0.0"),
+    ({}, None),
+]
+
+
+@pytest.mark.parametrize("secret", ["from-env", "drawn"])
+def test_only_ranks_with_the_secret_get_in_on_the_named_address(tmp_path, secret):
     """Listeners bind the named address (or every one); a stranger with a valid hello but the
     wrong secret is dropped and logged while the job goes on; nothing listens once built."""
     go = go_files(tmp_path)
-    env = {"WEFT_TRANSPORT": "tcp", "WEFT_DEBUG": "INFO", **env}
-    with Ranks(held_then_allreduce, 3, go, COUNTS, env=env) as ranks:
-        during = wait_listening(ranks, [0, 1])
+    env = {"WEFT_TRANSPORT": "tcp", "WEFT_DEBUG": "INFO", "WEFT_TUNE": "off"}
+    if secret == "from-env":
+        env["WEFT_JOB_SECRET"] = SECRET
+    size = len(LISTEN_SETTINGS)
+    per_rank = lambda rank: LISTEN_SETTINGS[rank][0]  # noqa: E731
+    with Ranks(held_then_allreduce, size, go, COUNTS, env=env, env_per_rank=per_rank) as ranks:
+        during = wait_listening(ranks, list(range(size - 1)))
         for rank, sockets in during.items():
-            assert [ip for ip, _ in sockets] == [address], f"rank {rank} listens on {sockets}"
-        release(go[0])  # rank 0 serves its port once rank 2 has published its address
-        # Plays rank 2, the one still missing: a valid hello, then a proof from a wrong secret.
-        seen = impostor(during[0][0][1], b"guessed", PREFIX, 3, sender=2, to=0)
+            want = LISTEN_SETTINGS[rank][1]
+            assert [ip for ip, _ in sockets] == [want], f"rank {rank} listens on {sockets}"
+        release(go[0])  # rank 0 serves its port once rank 3 has published its address
+        # Plays rank 3, the one still missing: a valid hello, then a proof from a wrong secret.
+        seen = impostor(during[0][0][1], b"guessed", PREFIX, size, sender=size - 1, to=0)
         challenge = seen["challenge"]
         assert len(challenge) == 68 and int.from_bytes(challenge[:4], "little") == CHALLENGE_MAGIC
         if "WEFT_JOB_SECRET" in env:
             # The challenge is HMAC over both nonces, and the secret itself never travels.
-            want = mac("weft accept", SECRET.encode(), PREFIX, 3, 2, 0, 0, seen["nonce"],
-                       challenge[4:36])  # fmt: skip
+            args = (SECRET.encode(), PREFIX, size, size - 1, 0, 0, seen["nonce"], challenge[4:36])
+            want = mac("weft accept", *args)
             assert challenge[36:] == want
             assert SECRET.encode() not in challenge
         assert seen["closed"], "rank 0 kept a connection whose proof was wrong"

@@ -119,7 +119,7 @@ class Attacker:
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_strangers_on_every_port_never_stop_the_job(tmp_path, transport):
     go = go_files(tmp_path)
-    env = {"WEFT_TRANSPORT": transport, "WEFT_DEBUG": "INFO"}
+    env = {"WEFT_TRANSPORT": transport, "WEFT_DEBUG": "INFO", "WEFT_TUNE": "off"}
     with Ranks(held_then_allreduce, SIZE, go, COUNTS, env=env) as ranks:
         held = list(range(SIZE - 1))
         ports = [sockets[0][1] for sockets in wait_listening(ranks, held).values()]

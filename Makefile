@@ -23,7 +23,8 @@ ALGO_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,rhd,auto -b 16 -e
 SMALL_SWEEP = -o all_reduce --transport tcp --algo ring,tree,rd,auto -b 8 -e 4K -f 2 -n 20 \
 	--iter-bytes 64M -w 3 --rounds 4 --repeats 3 --vs mpi-tcp
 
-.PHONY: install install-peers lint test test-gpu bench bench-results bench-algorithms bench-gpu bench-msccl
+.PHONY: install install-peers install-fuzz fuzz lint test test-gpu bench bench-results bench-algorithms \
+	bench-gpu bench-msccl
 
 # nvidia-nccl-cu13: NCCL for CUDA builds; nvidia-cuda-cuobjdump: tests/test_cuda_build.py checks
 # the CUDA architectures built with it (the toolkit here has no cuobjdump).
@@ -38,6 +39,17 @@ install-peers:
 	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
 	$(PIP) install -q mpi4py
 
+# The fuzzers of tests/test_fuzz.py and tests/fuzz/run.py: Debian's clang with its libFuzzer
+# runtime (root, where clang++ is missing) and atheris from PyPI.
+install-fuzz:
+	command -v clang++ >/dev/null || command -v clang++-14 >/dev/null || \
+		(apt-get update -q && apt-get install -y -q clang-14 libclang-rt-14-dev)
+	$(PIP) install -q atheris
+
+# The longer fuzz run whose result is committed (docs/security.md).
+fuzz: install install-fuzz
+	$(PYTHON) tests/fuzz/run.py --seconds 120 --json bench/results/fuzz/fuzz.json
+
 lint:
 	clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h' '*.cu')
 	$(PYTHON) -m ruff check python tests bench tools examples
@@ -45,6 +57,7 @@ lint:
 
 test: install lint
 	$(MAKE) install-peers PYTHON=$(PYTHON) || echo "make test: no OpenMPI; its tests will skip"
+	$(MAKE) install-fuzz PYTHON=$(PYTHON) || echo "make test: no fuzzers; their tests will skip"
 	$(PYTHON) -m pytest -q -ra
 
 # On a machine with a GPU, after weft is built there (no install step: it keeps that

@@ -20,6 +20,7 @@
 #include "sim.h"
 #include "store.h"
 #include "topo.h"
+#include "wire.h"
 #ifdef WEFT_HAVE_CUDA
 #include "cuda.h"
 #endif
@@ -451,6 +452,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "weft core: collectives over shared memory and TCP";
   bind_topo(m);
   bind_sim(m);
+  bind_wire(m);
   bind_schedule(m);
 #ifdef WEFT_HAVE_CUDA
   bind_cuda(m);

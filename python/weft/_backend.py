@@ -16,12 +16,16 @@ NAME = "weft"
 def _create_backend(dist_options, _backend_options):
     from weft import _C_torch
 
+    # torchrun restarts a group on the same store: each attempt's communicators get names of
+    # their own, so that no rank reads an address (or secret) the previous attempt published.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    name = str(dist_options.group_id) + (f"/attempt{attempt}" if attempt else "")
     backend = _C_torch.create_backend(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
         dist_options.timeout.total_seconds(),
-        str(dist_options.group_id),
+        name,
     )
     spec = os.environ.get("WEFT_ALGO", "")
     if spec.startswith("file:"):

@@ -5,18 +5,16 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <thread>
 
+#include "core/bootstrap/handshake.h"
+#include "core/bootstrap/peer_sockets.h"
 #include "core/common/config.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
@@ -25,85 +23,13 @@
 namespace weft {
 namespace {
 
-constexpr uint32_t kAddressMagic = 0x57464142;  // "WFAB"
-constexpr uint32_t kHelloMagic = 0x5746484c;    // "WFHL"
-
-// Sent by the connecting (higher) rank on every new socket.
-struct Hello {
-  uint32_t magic;
-  int32_t from;
-  int32_t to;
-  int32_t index;
-};
-
-// ---- PeerAddress <-> bytes (the ranks of one job share an architecture) ----
-
-template <typename T>
-void put(std::vector<uint8_t>& out, const T& value) {
-  const uint8_t* p = reinterpret_cast<const uint8_t*>(&value);
-  out.insert(out.end(), p, p + sizeof(T));
-}
-
-void put_string(std::vector<uint8_t>& out, const std::string& s) {
-  put(out, static_cast<uint32_t>(s.size()));
-  out.insert(out.end(), s.begin(), s.end());
-}
-
-class Reader {
- public:
-  explicit Reader(const std::vector<uint8_t>& in) : in_(in) {}
-  template <typename T>
-  bool get(T& value) {
-    if (in_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(&value, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool get_string(std::string& s) {
-    uint32_t n = 0;
-    if (!get(n) || in_.size() - pos_ < n) return false;
-    s.assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool done() const { return pos_ == in_.size(); }
-
- private:
-  const std::vector<uint8_t>& in_;
-  size_t pos_ = 0;
-};
-
-std::vector<uint8_t> encode(const PeerAddress& a) {
-  std::vector<uint8_t> out;
-  put(out, kAddressMagic);
-  put(out, a.size);
-  put(out, a.pid);
-  put(out, a.port);
-  put_string(out, a.host_id);
-  put_string(out, a.cpus);
-  put(out, a.spread.ranks);
-  put(out, a.spread.index);
-  put_string(out, a.ip);
-  return out;
-}
-
-PeerAddress decode(const std::vector<uint8_t>& bytes, const std::string& key) {
-  PeerAddress a;
-  Reader r(bytes);
-  uint32_t magic = 0;
-  if (!r.get(magic) || magic != kAddressMagic || !r.get(a.size) || !r.get(a.pid) ||
-      !r.get(a.port) || !r.get_string(a.host_id) || !r.get_string(a.cpus) ||
-      !r.get(a.spread.ranks) || !r.get(a.spread.index) || !r.get_string(a.ip) || !r.done()) {
-    throw PeerError(
-        "bootstrap: store entry '" + key +
-        "' is not a weft address of this version (does a peer run another weft build?)");
-  }
-  return a;
-}
+constexpr size_t kSecretBytes = 32;
 
 // ---- local address ----
 
-std::string advertised_ip() {
+// The IPv4 address of WEFT_SOCKET_IFNAME, or (unset) of the first interface
+// that is up and not loopback; "" when unset and there is none.
+std::string interface_ip() {
   const std::string& wanted = config().socket_ifname;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) < 0) throw_system_error("getifaddrs", errno);
@@ -124,19 +50,55 @@ std::string advertised_ip() {
     throw InvalidArgument("WEFT_SOCKET_IFNAME='" + wanted + "': " +
                           (name_seen ? "interface has no IPv4 address" : "no such interface"));
   }
-  return found.empty() ? "127.0.0.1" : found;
+  return found;
 }
 
-Socket listen_any(int backlog, uint16_t& port) {
+// Where this rank listens: the address WEFT_SOCKET_ADDR or WEFT_SOCKET_IFNAME
+// names, bound to it alone; unset, every interface (and peers are told the
+// first non-loopback address).
+struct ListenAddress {
+  std::string ip;
+  bool any;
+};
+
+ListenAddress listen_address() {
+  const Config& cfg = config();
+  if (!cfg.socket_addr.empty() && !cfg.socket_ifname.empty()) {
+    throw InvalidArgument("WEFT_SOCKET_ADDR and WEFT_SOCKET_IFNAME are both set; set one");
+  }
+  if (!cfg.socket_addr.empty()) {
+    in_addr parsed{};
+    if (::inet_pton(AF_INET, cfg.socket_addr.c_str(), &parsed) != 1) {
+      throw InvalidArgument("WEFT_SOCKET_ADDR='" + cfg.socket_addr +
+                            "' is not an IPv4 address (write it like 10.0.0.5)");
+    }
+    return {cfg.socket_addr, false};
+  }
+  std::string ip = interface_ip();
+  if (!cfg.socket_ifname.empty()) return {ip, false};
+  return {ip.empty() ? "127.0.0.1" : ip, true};
+}
+
+Socket listen_on(const ListenAddress& where, int backlog, uint16_t& port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) throw_system_error("bootstrap: socket", errno);
   Socket s(fd);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = 0;
+  if (where.any) {
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  } else {
+    ::inet_pton(AF_INET, where.ip.c_str(), &addr.sin_addr);
+  }
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
-    throw_system_error("bootstrap: bind", errno);
+    int err = errno;
+    if (err == EADDRNOTAVAIL) {
+      throw InvalidArgument("bootstrap: cannot listen on " + where.ip +
+                            ": no interface of this host has that address (check "
+                            "WEFT_SOCKET_ADDR)");
+    }
+    throw_system_error("bootstrap: bind " + where.ip, err);
   }
   if (::listen(fd, backlog) < 0) throw_system_error("bootstrap: listen", errno);
   socklen_t len = sizeof(addr);
@@ -154,49 +116,17 @@ void set_blocking(Socket& s) {
   }
 }
 
-// Errors after which the peer may still come up (or its backlog drain).
-bool retryable(int err) {
-  return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET || err == ECONNABORTED ||
-         err == ENETUNREACH || err == EHOSTUNREACH || err == EAGAIN;
+PeerAddress decode(const std::vector<uint8_t>& bytes, const std::string& key) {
+  std::optional<PeerAddress> a = decode_address(bytes);
+  if (!a) {
+    throw PeerError(
+        "bootstrap: store entry '" + key +
+        "' is not a weft address of this version (does a peer run another weft build?)");
+  }
+  return *a;
 }
 
-// Non-blocking connect so that neither an unreachable host nor a full backlog
-// can hold us past the deadline.
-Socket connect_to(const std::string& ip, uint16_t port, const Deadline& deadline,
-                  const std::string& what) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  if (::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) {
-    throw PeerError(what + ": '" + ip + "' is not an IPv4 address");
-  }
-  int pause_ms = 1;
-  for (;;) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) throw_system_error(what + ": socket", errno);
-    Socket s(fd);
-    int err = 0;
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) err = errno;
-    if (err == EINPROGRESS || err == EINTR) {
-      pollfd p{fd, POLLOUT, 0};
-      int n;
-      while ((n = ::poll(&p, 1, deadline.remaining_ms())) < 0 && errno == EINTR) {
-      }
-      if (n < 0) throw_system_error(what + ": poll", errno);
-      if (n == 0) throw TimeoutError(what + ": timed out");
-      socklen_t len = sizeof(err);
-      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
-    }
-    if (err == 0) return s;
-    if (!retryable(err)) throw_system_error(what, err);
-    if (deadline.expired()) {
-      throw TimeoutError(what + ": timed out (last error: " + std::strerror(err) + ")");
-    }
-    std::this_thread::sleep_for(
-        std::chrono::milliseconds(std::min(pause_ms, deadline.remaining_ms())));
-    pause_ms = std::min(pause_ms * 2, 100);
-  }
-}
+std::string secret_key(const std::string& prefix) { return prefix + "/secret"; }
 
 }  // namespace
 
@@ -213,22 +143,39 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
   }
   Deadline deadline(timeout_s);
   const std::string me = "bootstrap (rank " + std::to_string(rank) + ")";
+  const Config& cfg = config();
 
-  // 1. Listen and publish where.
+  // 1. Without WEFT_JOB_SECRET, rank 0 draws this communicator's secret and
+  // shares it through the Store (which every rank already trusts) before it
+  // publishes its address, so the others find it once they have read that.
+  std::string secret = cfg.job_secret;
+  if (secret.empty() && rank == 0) {
+    std::vector<uint8_t> drawn(kSecretBytes);
+    fill_random(drawn.data(), drawn.size());
+    store.set(secret_key(prefix), drawn);
+    secret.assign(drawn.begin(), drawn.end());
+  }
+
+  // 2. Listen and publish where.
   uint16_t port = 0;
-  Socket listener = listen_any(std::max(256, size * sockets_per_peer), port);
+  ListenAddress where = listen_address();
+  Socket listener = listen_on(where, std::max(256, size * sockets_per_peer), port);
   PeerAddress self;
-  self.host_id = config().host_id;
+  self.host_id = cfg.host_id;
   self.cpus = cpu_identity(self.host_id);
   self.spread = spread;
-  self.ip = advertised_ip();
+  self.ip = where.ip;
   self.port = port;
   self.pid = static_cast<int32_t>(::getpid());
   self.size = size;
-  store.set(prefix + "/addr/" + std::to_string(rank), encode(self));
-  WEFT_LOG(Info, rank, "bootstrap: listening on " << self.ip << ":" << port);
+  self.listens_any = where.any;
+  self.secret_from_env = !cfg.job_secret.empty();
+  store.set(prefix + "/addr/" + std::to_string(rank), encode_address(self));
+  WEFT_LOG(Info, rank,
+           "bootstrap: listening on " << (where.any ? "0.0.0.0" : where.ip) << ":" << port);
 
-  // 2. Read everyone's entry; a size mismatch is reported as soon as seen.
+  // 3. Read everyone's entry; a size or secret mismatch is reported as soon
+  // as seen.
   peers_.resize(size);
   for (int r = 0; r < size; ++r) {
     if (r == rank) {
@@ -243,27 +190,36 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
                             std::to_string(r) + " with size " + std::to_string(peers_[r].size) +
                             "; every rank must pass the same size");
     }
+    if (peers_[r].secret_from_env != self.secret_from_env) {
+      throw InvalidArgument("WEFT_JOB_SECRET is set on rank " +
+                            std::to_string(self.secret_from_env ? rank : r) + " but not on rank " +
+                            std::to_string(self.secret_from_env ? r : rank) +
+                            "; set it on every rank or on none");
+    }
   }
+  if (secret.empty()) {
+    std::vector<uint8_t> shared = store.get(secret_key(prefix));
+    secret.assign(shared.begin(), shared.end());
+  }
+  const MeshIdentity identity{prefix, rank, size, sockets_per_peer, secret};
 
-  // 3. Connect to every lower rank. This never waits for the peer to accept
-  // (the kernel queues the connection), so it cannot deadlock with step 4.
+  // 4. Connect to every lower rank. A lower rank answers once it reaches
+  // step 5, which rank 0 does at once and every other rank after its own
+  // lower ranks answered, so the waits form no cycle.
   sockets_.resize(size);
   for (auto& per_peer : sockets_) per_peer.resize(sockets_per_peer);
   for (int r = 0; r < rank; ++r) {
     const PeerAddress& p = peers_[r];
-    std::string ip = p.host_id == self.host_id ? "127.0.0.1" : p.ip;
+    // A peer on this host that listens everywhere is reached over loopback.
+    std::string ip = p.host_id == self.host_id && p.listens_any ? "127.0.0.1" : p.ip;
     for (int i = 0; i < sockets_per_peer; ++i) {
       std::string what = me + " connecting to rank " + std::to_string(r) + " at " + ip + ":" +
                          std::to_string(p.port);
-      Socket s = connect_to(ip, p.port, deadline, what);
-      Hello hello{kHelloMagic, rank, r, i};
-      s.send_all(&hello, sizeof(hello), deadline, what);
-      sockets_[r][i] = std::move(s);
+      sockets_[r][i] = connect_peer(ip, p.port, identity, r, i, deadline, what);
     }
   }
 
-  // 4. Accept the sockets of every higher rank and file them by their hello.
-  int expected = (size - 1 - rank) * sockets_per_peer;
+  // 5. Accept the sockets of every higher rank; the listener closes after.
   auto missing = [&] {
     std::string list;
     for (int r = rank + 1; r < size; ++r) {
@@ -275,35 +231,7 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
     std::snprintf(seconds, sizeof(seconds), "%g", timeout_s);
     return me + ": timed out after " + seconds + " s waiting for rank(s) " + list + " to connect";
   };
-  while (expected > 0) {
-    pollfd pfd{listener.fd(), POLLIN, 0};
-    int n = ::poll(&pfd, 1, deadline.remaining_ms());
-    if (n < 0 && errno != EINTR) throw_system_error(me + ": poll", errno);
-    if (n == 0 && deadline.expired()) throw TimeoutError(missing());
-    if (n <= 0) continue;
-    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) continue;
-      throw_system_error(me + ": accept", err);
-    }
-    Socket s(fd);
-    Hello hello{};
-    try {
-      s.recv_all(&hello, sizeof(hello), deadline, me + ": reading a connecting peer's hello");
-    } catch (const TimeoutError&) {
-      throw TimeoutError(missing());
-    }
-    bool valid = hello.magic == kHelloMagic && hello.to == rank && hello.from > rank &&
-                 hello.from < size && hello.index >= 0 && hello.index < sockets_per_peer &&
-                 !sockets_[hello.from][hello.index].valid();
-    if (!valid) {
-      throw PeerError(me + ": an unexpected connection reached this rank's port (bad hello; is " +
-                      "another job using the same store prefix?)");
-    }
-    sockets_[hello.from][hello.index] = std::move(s);
-    --expected;
-  }
+  accept_peers(listener, identity, sockets_, deadline, missing);
 
   for (int r = 0; r < size; ++r) {
     for (Socket& s : sockets_[r]) {

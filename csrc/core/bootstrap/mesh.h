@@ -1,28 +1,22 @@
 // Bootstrap: every rank listens on a TCP port, publishes where (and on which
 // host) it is through the Store, reads everyone else's entry, checks that all
 // ranks agree on the world size, then opens a fixed number of sockets to each
-// peer. The higher rank of a pair connects, the lower one accepts.
+// peer. The higher rank of a pair connects, the lower one accepts. Every
+// socket is kept only once both ends have proven they know the job's secret
+// (handshake.h); anything else that reaches the port is dropped, logged at
+// INFO, and the bootstrap goes on. The listener closes when the mesh is built.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/bootstrap/address.h"
 #include "core/bootstrap/socket.h"
 #include "core/bootstrap/store.h"
 #include "core/common/machine.h"
 
 namespace weft {
-
-struct PeerAddress {
-  std::string host_id;  // same host_id => shared memory is possible
-  std::string cpus;     // same cpus => the same CPUs to share (common/machine.h)
-  CpuSpread spread;     // where on those CPUs the peer runs so far
-  std::string ip;       // address the peer listens on
-  uint16_t port = 0;
-  int32_t pid = 0;
-  int32_t size = 0;  // world size the peer was created with
-};
 
 class Mesh {
  public:

@@ -84,6 +84,8 @@ Config parse() {
   const char* host = env("WEFT_HOST_ID");
   c.host_id = host ? host : default_host_id();
   if (const char* ifname = env("WEFT_SOCKET_IFNAME")) c.socket_ifname = ifname;
+  if (const char* addr = env("WEFT_SOCKET_ADDR")) c.socket_addr = addr;
+  if (const char* secret = env("WEFT_JOB_SECRET")) c.job_secret = secret;
   c.shm_slot_bytes = env_long("WEFT_SHM_SLOT_BYTES", c.shm_slot_bytes);
   c.shm_slots = env_long("WEFT_SHM_SLOTS", c.shm_slots);
   c.tcp_slot_bytes = env_long("WEFT_TCP_SLOT_BYTES", c.tcp_slot_bytes);

@@ -24,6 +24,8 @@ struct Config {
   LogLevel log_level = LogLevel::Off;                 // WEFT_DEBUG=INFO|TRACE
   std::string host_id;                                // WEFT_HOST_ID (default: hostname + boot id)
   std::string socket_ifname;                          // WEFT_SOCKET_IFNAME
+  std::string socket_addr;                            // WEFT_SOCKET_ADDR
+  std::string job_secret;                             // WEFT_JOB_SECRET
   size_t shm_slot_bytes = 256 * 1024;                 // WEFT_SHM_SLOT_BYTES
   int shm_slots = 8;                                  // WEFT_SHM_SLOTS
   size_t tcp_slot_bytes = 1024 * 1024;                // WEFT_TCP_SLOT_BYTES

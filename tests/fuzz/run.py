@@ -1,0 +1,147 @@
+"""Builds and runs every fuzz target for a while; prints (or writes as JSON) what each did.
+
+    python tests/fuzz/run.py --seconds 600 --json bench/results/fuzz/fuzz.json
+
+C++ targets (fuzz_*.cc here) are libFuzzer programs built with Debian's clang
+(``make install-fuzz``) with AddressSanitizer and UBSan, from the core's own sources; Python
+targets (fuzz_topo.py) run under atheris. A target whose tool is missing is reported as
+skipped with the reason. Each run keeps its corpus (seeded on first use) under --work, so a
+longer run goes on from a shorter one; a crash leaves its input there and fails the run."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+CORE = REPO / "csrc" / "core"
+
+# target: the core sources it links, and seeds for its corpus.
+CPP_TARGETS = {
+    "fuzz_wire": {
+        "sources": ["bootstrap/address.cc", "bootstrap/handshake.cc", "common/sha256.cc",
+                    "common/error.cc"],
+        "seeds": [],
+    },
+    "fuzz_cost_model": {
+        "sources": ["tune/cost_model.cc", "common/error.cc", "algo/*.cc"],
+        "seeds": [b"shm_alpha_s 1e-6\nshm_beta_s_per_b 1e-10\ntcp_alpha_s 2e-5\n"
+                  b"tcp_beta_s_per_b 1e-9\ngamma_s_per_b 1e-10\n# a comment\n"],
+    },
+}  # fmt: skip
+PY_TARGETS = ["json", "msccl", "fields"]
+FLAGS = ["-std=c++17", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover"]
+
+
+def clang() -> str | None:
+    for name in ("clang++", "clang++-14", "clang++-15", "clang++-16"):
+        if shutil.which(name):
+            return name
+    return None
+
+
+def build(name: str, work: Path) -> Path:
+    """The target's binary, built once per content of its sources (cached under ``work``)."""
+    sources = [HERE / f"{name}.cc"]
+    for pattern in CPP_TARGETS[name]["sources"]:
+        sources += sorted(CORE.glob(pattern))
+    digest = hashlib.sha256()
+    for path in [*sources, *sorted(CORE.rglob("*.h"))]:
+        digest.update(path.read_bytes())
+    binary = work / f"{name}-{digest.hexdigest()[:16]}"
+    if not binary.exists():
+        cmd = [clang(), *FLAGS, f"-I{REPO / 'csrc'}", *map(str, sources), "-o", f"{binary}.tmp"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(f"{binary}.tmp", binary)
+    return binary
+
+
+def corpus(work: Path, name: str, seeds: list[bytes]) -> Path:
+    path = work / "corpus" / name
+    path.mkdir(parents=True, exist_ok=True)
+    for i, seed in enumerate(seeds):
+        (path / f"seed{i}").write_bytes(seed)
+    return path
+
+
+STATS = re.compile(r"#(\d+)\s+(?:DONE|pulse|NEW|REDUCE|INITED)\s+cov: (\d+) ft: (\d+) corp: (\d+)")
+
+
+def parse(output: str, rc: int, artifacts: Path) -> dict:
+    lines = STATS.findall(output)
+    runs, cov, ft, corp = map(int, lines[-1]) if lines else (0, 0, 0, 0)
+    crashes = sorted(p.name for p in artifacts.glob("*") if p.is_file())
+    return {"ok": rc == 0 and not crashes, "executions": runs, "coverage_edges": cov,
+            "features": ft, "corpus_files": corp, "crashes": crashes,
+            "tail": "" if rc == 0 else output[-3000:]}  # fmt: skip
+
+
+def run_cpp(name: str, seconds: int, work: Path) -> dict:
+    if clang() is None:
+        return {"skipped": "no clang++ (make install-fuzz installs Debian's clang)"}
+    try:
+        binary = build(name, work)
+    except subprocess.CalledProcessError as e:
+        if "fuzzer" in e.stderr and "cannot find" in e.stderr:
+            return {"skipped": "clang has no libFuzzer runtime (Debian: libclang-rt-*-dev)"}
+        raise
+    artifacts = work / "crashes" / name
+    artifacts.mkdir(parents=True, exist_ok=True)
+    cmd = [str(binary), f"-max_total_time={seconds}", f"-artifact_prefix={artifacts}/",
+           "-rss_limit_mb=1024", "-print_final_stats=1",
+           str(corpus(work, name, CPP_TARGETS[name]["seeds"]))]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+    return parse(proc.stderr, proc.returncode, artifacts)
+
+
+def run_py(kind: str, seconds: int, work: Path) -> dict:
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        return {"skipped": "no atheris (make install-fuzz installs it from PyPI)"}
+    artifacts = work / "crashes" / f"topo_{kind}"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    target_corpus = work / "corpus" / f"topo_{kind}"
+    cmd = [sys.executable, str(HERE / "fuzz_topo.py"), kind, str(target_corpus),
+           f"-max_total_time={seconds}", f"-artifact_prefix={artifacts}/",
+           "-rss_limit_mb=2048"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 180)
+    return parse(proc.stderr, proc.returncode, artifacts)
+
+
+def run_all(seconds: int, work: Path, jobs: int = 2) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    tasks = {f"cpp:{n}": (run_cpp, n) for n in CPP_TARGETS}
+    tasks.update({f"atheris:topo_{k}": (run_py, k) for k in PY_TARGETS})
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {key: pool.submit(fn, arg, seconds, work) for key, (fn, arg) in tasks.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=60, help="per target")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "weft-fuzz")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    results = run_all(args.seconds, args.work)
+    text = json.dumps({"seconds_per_target": args.seconds, "targets": results}, indent=1)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    sys.exit(0 if all(r.get("ok", True) for r in results.values()) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Foreign and broken input on every port weft listens on, for as long as it listens: random
+bytes, truncated hellos, a length of 2^63 where a hello's fields are, a valid hello of another
+job (right protocol, wrong secret), hellos naming no socket of the mesh, a connection sending one
+byte a second, and a thousand connections at once. Ranks held in bootstrap (the last one starts
+late) take all of it, then build the mesh and compute correct allreduces within the timeout; the
+strangers are dropped and logged at INFO, and nothing listens once the mesh is built."""
+
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from stranger import HELLO_MAGIC, hello, impostor
+from test_auth import (
+    COUNTS,
+    PREFIX,
+    TIMEOUT_S,
+    finish,
+    go_files,
+    held_then_allreduce,
+    release,
+    wait_listening,
+)
+from weft_proc import Ranks
+
+FLOOD = 1000
+SIZE = 4
+
+
+def send_and_close(port: int, data: bytes, linger: float = 0.0) -> None:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(data)
+            time.sleep(linger)
+    except OSError:  # refused once the mesh is built, or reset by the rank: both fine
+        pass
+
+
+def garbage(rng: random.Random) -> list[bytes]:
+    """One of each kind of broken input."""
+    valid = hello(1, 0, 0, rng.randbytes(32))
+    return [
+        rng.randbytes(rng.choice([1, 47, 48, 49, 4096, 65536])),  # random bytes
+        valid[: rng.randrange(1, len(valid))],  # a truncated hello
+        struct.pack("<IQQ", HELLO_MAGIC, 2**63, 2**63) + bytes(28),  # 2^63 where lengths go
+        struct.pack("<Q", 2**63) * 6,  # 2^63 from the first byte
+        hello(SIZE + 5, 0, 0, bytes(32)),  # from a rank outside the world
+        hello(3, 0, 99, bytes(32)),  # a socket index the mesh does not have
+        hello(3, 2, 0, bytes(32)),  # meant for another rank
+        valid * 3,  # a hello and more than the handshake allows
+    ]
+
+
+class Attacker:
+    """Keeps attacking ``ports`` from several threads until stopped or refused."""
+
+    def __init__(self, ports: list[int]):
+        self.ports = ports
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._garbage, args=(p,)) for p in ports]
+        self.threads += [threading.Thread(target=self._slow, args=(p,)) for p in ports]
+        self.threads += [threading.Thread(target=self._impostor, args=(p,)) for p in ports]
+        self.flood: list[socket.socket] = []
+        self.sent = 0
+
+    def __enter__(self):
+        # A thousand connections at once on the first port, left open and silent.
+        for _ in range(FLOOD):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", self.ports[0]))
+            except BlockingIOError:
+                pass
+            self.flood.append(s)
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        for s in self.flood:
+            s.close()
+
+    def _garbage(self, port):
+        rng = random.Random(port)
+        while not self.stop.is_set():
+            for data in garbage(rng):
+                send_and_close(port, data, linger=0.01)
+                self.sent += 1
+
+    def _slow(self, port):
+        """One byte a second of a hello for rank 0, for as long as the port takes them."""
+        data = hello(1, 0, 0, bytes(32))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                for byte in data:
+                    if self.stop.wait(1.0):
+                        return
+                    s.sendall(bytes([byte]))
+        except OSError:
+            pass
+
+    def _impostor(self, port):
+        while not self.stop.is_set():
+            try:
+                impostor(port, b"another job's secret", PREFIX, SIZE, sender=SIZE - 1, to=0)
+            except OSError:
+                pass
+            self.stop.wait(0.05)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_strangers_on_every_port_never_stop_the_job(tmp_path, transport):
+    go = go_files(tmp_path)
+    env = {"WEFT_TRANSPORT": transport, "WEFT_DEBUG": "INFO", "WEFT_TUNE": "off"}
+    with Ranks(held_then_allreduce, SIZE, go, COUNTS, env=env) as ranks:
+        held = list(range(SIZE - 1))
+        ports = [sockets[0][1] for sockets in wait_listening(ranks, held).values()]
+        start = time.monotonic()
+        with Attacker(ports) as attacker:
+            time.sleep(2)  # listening, waiting for the last rank's address
+            release(go[0])
+            time.sleep(2)  # serving their ports, waiting for the last rank's sockets
+            # ... and attacked still while they build the mesh and run.
+            finish(ranks, go, timeout=TIMEOUT_S + 30)
+        elapsed = time.monotonic() - start
+    assert attacker.sent > 0
+    assert elapsed < TIMEOUT_S + 30
+    logs = "".join(ranks.stderr(r) for r in held)
+    for why in (
+        "not a weft hello of this version",
+        "names no socket of this mesh",
+        "wrong proof of the job secret",
+        "too many connections waiting at once",
+    ):
+        assert why in logs, f"no stranger was dropped with {why!r}"

@@ -1,0 +1,36 @@
+"""A short run of every fuzz target (tests/fuzz/run.py: libFuzzer on the bootstrap's wire
+parsers and the cost-model file, atheris on weft.topo's JSON and MSCCL readers). A target
+whose tool is missing skips with the reason; one that finds a crash fails, naming the input it
+left. The longer run's result is in bench/results/fuzz/ (docs/security.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SECONDS = 5
+spec = importlib.util.spec_from_file_location("fuzz_run", Path(__file__).parent / "fuzz" / "run.py")
+fuzz_run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fuzz_run)
+# Binaries are cached by the content of their sources, corpora grow from run to run.
+WORK = Path(tempfile.gettempdir()) / "weft-fuzz-ci"
+
+
+@pytest.mark.parametrize("name", sorted(fuzz_run.CPP_TARGETS))
+def test_libfuzzer_target_finds_no_crash(name):
+    check(fuzz_run.run_cpp(name, SECONDS, WORK))
+
+
+@pytest.mark.parametrize("kind", fuzz_run.PY_TARGETS)
+def test_atheris_target_finds_no_crash(kind):
+    check(fuzz_run.run_py(kind, SECONDS, WORK))
+
+
+def check(result: dict) -> None:
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    assert result["ok"], f"crashes {result['crashes']} under {WORK}/crashes:\n{result['tail']}"
+    assert result["executions"] > 100 and result["coverage_edges"] > 0, result

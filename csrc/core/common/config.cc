@@ -69,7 +69,8 @@ Config parse() {
   c.transport = env_choice("WEFT_TRANSPORT", c.transport,
                            {{"auto", TransportChoice::Auto},
                             {"tcp", TransportChoice::Tcp},
-                            {"shm", TransportChoice::Shm}});
+                            {"shm", TransportChoice::Shm},
+                            {"ofi", TransportChoice::Ofi}});
   c.timeout_s = env_double("WEFT_TIMEOUT_S", c.timeout_s);
   if (const char* d = env("WEFT_DEBUG")) {
     std::string s(d);

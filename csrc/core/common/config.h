@@ -7,7 +7,7 @@
 
 namespace weft {
 
-enum class TransportChoice { Auto, Tcp, Shm };
+enum class TransportChoice { Auto, Tcp, Shm, Ofi };
 enum class LogLevel { Off, Info, Trace };
 // How the torch backend moves CUDA tensors: through pinned host twins over
 // shm/tcp, over cuda_ipc or over nccl (auto: nccl when weft has it and every
@@ -19,7 +19,7 @@ enum class CudaPath { Auto, Staging, Ipc, Nccl };
 enum class NcclMode { Native, Plans };
 
 struct Config {
-  TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm
+  TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm|ofi
   double timeout_s = 300.0;                           // WEFT_TIMEOUT_S
   LogLevel log_level = LogLevel::Off;                 // WEFT_DEBUG=INFO|TRACE
   std::string host_id;                                // WEFT_HOST_ID (default: hostname + boot id)

@@ -31,10 +31,14 @@ install:
 		scikit-build-core pybind11 cmake ninja nvidia-nccl-cu13 nvidia-cuda-cuobjdump
 	$(PIP) install -q --no-build-isolation --no-deps .
 
-# OpenMPI for the side-by-side benchmark and its tests (Debian packages: root, where mpirun is
-# missing).
+# OpenMPI for the side-by-side benchmark and its tests, libfabric (its headers build weft's ofi
+# transport, its tcp provider tests it) and libibverbs' headers (Debian packages: root, where
+# each is missing; without them their tests skip and say why).
 install-peers:
 	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
+	(command -v fi_info >/dev/null && test -f /usr/include/rdma/fabric.h && \
+		test -f /usr/include/infiniband/verbs.h) || \
+		(apt-get update -q && apt-get install -y -q libfabric-dev libfabric-bin libibverbs-dev)
 	$(PIP) install -q mpi4py
 
 lint:
@@ -42,8 +46,10 @@ lint:
 	$(PYTHON) -m ruff check python tests bench tools examples
 	$(PYTHON) -m ruff format --check python tests bench tools examples
 
-test: install lint
-	$(MAKE) install-peers PYTHON=$(PYTHON) || echo "make test: no OpenMPI; its tests will skip"
+# The peers first: libfabric's headers must be there when weft is built.
+test: lint
+	$(MAKE) install-peers PYTHON=$(PYTHON) || echo "make test: no OpenMPI or libfabric; their tests will skip"
+	$(MAKE) install PYTHON=$(PYTHON)
 	$(PYTHON) -m pytest -q -ra
 
 # On a machine with a GPU, after weft is built there (no install step: it keeps that

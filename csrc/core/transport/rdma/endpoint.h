@@ -28,7 +28,8 @@ class MemoryRegion {
   size_t bytes() const { return bytes_; }
 
  protected:
-  MemoryRegion(const void* base, size_t bytes) : base_(static_cast<const char*>(base)), bytes_(bytes) {}
+  MemoryRegion(const void* base, size_t bytes)
+      : base_(static_cast<const char*>(base)), bytes_(bytes) {}
 
  private:
   const char* base_;

@@ -57,7 +57,9 @@ size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // Local completion ids: what was written, for which message.
 enum class Wrote : uint64_t { Message = 1, Payload = 2, Control = 3 };
-uint64_t completion_id(Wrote what, uint64_t seq) { return (static_cast<uint64_t>(what) << 56) | seq; }
+uint64_t completion_id(Wrote what, uint64_t seq) {
+  return (static_cast<uint64_t>(what) << 56) | seq;
+}
 
 class RdmaConnection : public Connection {
  public:
@@ -184,7 +186,7 @@ class RdmaConnection : public Connection {
   struct Send {
     size_t bytes;
     uint64_t operation;
-    const char* src;  // rendezvous: the caller's memory; null when staged
+    const char* src;             // rendezvous: the caller's memory; null when staged
     const MemoryRegion* region;  // src's registration while its payload is written
     bool cleared;                // the receiver's clear-to-send arrived
     bool payload_posted;
@@ -247,7 +249,8 @@ class RdmaConnection : public Connection {
                             std::to_string(endpoint_->max_write_bytes()));
     }
     sends_[send_seq_ % slots_] = Send{bytes, operation_, src, nullptr, false, false, 0};
-    *reinterpret_cast<Header*>(outbox_slot(send_seq_)) = Header{bytes, operation_, src != nullptr, 0};
+    *reinterpret_cast<Header*>(outbox_slot(send_seq_)) =
+        Header{bytes, operation_, src != nullptr, 0};
     ++send_seq_;
     pump();
   }
@@ -285,9 +288,8 @@ class RdmaConnection : public Connection {
     while (written_seq_ < send_seq_ && written_seq_ < peer_freed_ + slots_) {
       Send& s = sends_[written_seq_ % slots_];
       const size_t bytes = sizeof(Header) + (s.src ? 0 : s.bytes);
-      if (!write(outbox_slot(written_seq_), bytes,
-                 peer_inbox_ + (written_seq_ % slots_) * stride_, peer_key_, Kind::Eager,
-                 written_seq_, Wrote::Message, region_.get())) {
+      if (!write(outbox_slot(written_seq_), bytes, peer_inbox_ + (written_seq_ % slots_) * stride_,
+                 peer_key_, Kind::Eager, written_seq_, Wrote::Message, region_.get())) {
         return;
       }
       ++s.pending;

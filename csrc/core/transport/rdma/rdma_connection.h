@@ -20,5 +20,4 @@ std::unique_ptr<Connection> make_rdma_connection(std::unique_ptr<RdmaEndpoint> e
                                                  Socket& control, const RdmaOptions& options,
                                                  double timeout_s, const char* transport_name);
 
-
 }  // namespace weft

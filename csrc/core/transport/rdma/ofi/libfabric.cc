@@ -25,10 +25,11 @@ Libfabric load() {
   void* handle = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* why = ::dlerror();
-    throw InvalidArgument(std::string("WEFT_TRANSPORT=ofi needs libfabric, which cannot be loaded (") +
-                          (why ? why : kLibrary) +
-                          "); install it (Debian: apt-get install libfabric1) or pick another "
-                          "WEFT_TRANSPORT");
+    throw InvalidArgument(
+        std::string("WEFT_TRANSPORT=ofi needs libfabric, which cannot be loaded (") +
+        (why ? why : kLibrary) +
+        "); install it (Debian: apt-get install libfabric1) or pick another "
+        "WEFT_TRANSPORT");
   }
   Libfabric lib{};
   resolve(handle, "fi_getinfo", lib.getinfo);

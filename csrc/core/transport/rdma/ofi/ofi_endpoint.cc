@@ -81,9 +81,10 @@ std::string local_address(const Socket& control, int& family) {
   }
   char text[INET6_ADDRSTRLEN] = {};
   family = addr.ss_family;
-  const void* ip = family == AF_INET6
-                       ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
-                       : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
+  const void* ip =
+      family == AF_INET6
+          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
+          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
   ::inet_ntop(family, ip, text, sizeof(text));
   return text;
 }
@@ -147,8 +148,8 @@ class OfiEndpoint : public RdmaEndpoint {
     } else {
       uint64_t len = 0;
       control.recv_all(&len, sizeof(len), deadline, "ofi endpoint name of the peer");
-      if (len == 0 || len > 4096) throw PeerError("ofi: the peer sent an endpoint name of " +
-                                                  std::to_string(len) + " bytes");
+      if (len == 0 || len > 4096)
+        throw PeerError("ofi: the peer sent an endpoint name of " + std::to_string(len) + " bytes");
       std::vector<char> name(len);
       control.recv_all(name.data(), len, deadline, "ofi endpoint name of the peer");
       InfoPtr h = hints();
@@ -170,7 +171,8 @@ class OfiEndpoint : public RdmaEndpoint {
 
   std::unique_ptr<MemoryRegion> register_memory(void* base, size_t bytes) override {
     fid_mr* mr = nullptr;
-    const uint64_t access = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    const uint64_t access =
+        FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
     static std::atomic<uint64_t> next_key{1};
     check("fi_mr_reg", fi_mr_reg(domain_, base, bytes, access, 0, next_key++, 0, &mr, nullptr));
     return std::make_unique<OfiRegion>(base, bytes, mr, virtual_addresses_);
@@ -202,8 +204,8 @@ class OfiEndpoint : public RdmaEndpoint {
         out[got++] = Completion{Completion::Kind::Remote, 0, static_cast<uint32_t>(e.data)};
         if (rx_cq_data_) post_receive();
       } else if (e.op_context != kReceiveContext) {
-        out[got++] = Completion{Completion::Kind::Local,
-                                reinterpret_cast<uint64_t>(e.op_context), 0};
+        out[got++] =
+            Completion{Completion::Kind::Local, reinterpret_cast<uint64_t>(e.op_context), 0};
       }
     }
     return got;
@@ -305,7 +307,8 @@ class OfiEndpoint : public RdmaEndpoint {
     fi_cq_err_entry err{};
     fi_cq_readerr(cq_, &err, 0);
     char detail[256] = {};
-    const char* provider = fi_cq_strerror(cq_, err.prov_errno, err.err_data, detail, sizeof(detail));
+    const char* provider =
+        fi_cq_strerror(cq_, err.prov_errno, err.err_data, detail, sizeof(detail));
     throw PeerError(std::string("ofi: a write failed: ") + libfabric().strerror(err.err) +
                     (provider && *provider ? std::string(" (") + provider + ")" : std::string()));
   }
@@ -329,8 +332,7 @@ class OfiEndpoint : public RdmaEndpoint {
 
 }  // namespace
 
-std::unique_ptr<RdmaEndpoint> connect_ofi_endpoint(Socket& control, bool listen,
-                                                   double timeout_s) {
+std::unique_ptr<RdmaEndpoint> connect_ofi_endpoint(Socket& control, bool listen, double timeout_s) {
   libfabric();  // the clear error first, when it is missing
   auto endpoint = std::make_unique<OfiEndpoint>();
   endpoint->connect(control, listen, timeout_s);

@@ -1,7 +1,7 @@
 """The ofi transport (the RDMA protocol over libfabric) between real processes, over
 libfabric's tcp provider: every collective against numpy, messages on the eager and the
-rendezvous paths, many sends in flight, a peer killed mid-transfer. Skips, with the reason,
-where libfabric or its tcp provider is missing."""
+rendezvous paths, many sends in flight, the torch backend against gloo, a peer killed
+mid-transfer. Skips, with the reason, where libfabric or its tcp provider is missing."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 
 import pytest
 from rdma_support import ofi_missing
+from test_backend import CASES as BACKEND_CASES
 from test_collectives import (
     COLLECTIVES,
     case_alltoall,
@@ -23,8 +24,9 @@ from test_collectives import (
     uneven_counts,
 )
 from test_errors import PEER_1, SHORT_TIMEOUT_S, SLACK_S, scenario_allreduce_loop
-from weft_proc import Ranks, processes_with_token
+from weft_proc import Ranks, outcome, processes_with_token
 from weft_ref import COUNTS, DTYPES, OPS, assert_no_mismatch
+from weft_torch import assert_same
 
 MISSING = ofi_missing("tcp")
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
@@ -85,6 +87,40 @@ def test_many_in_flight(pools, size, transport):
     for count in (1, 2**18 + 1):
         assert_no_mismatch(pool.run(case_async_ops, TWO_DTYPES, count, "reverse"))
         assert_no_mismatch(pool.run(case_tags_in_order, count))
+
+
+@pytest.mark.parametrize("case", ["all_reduce", "reduce_scatter", "all_gather", "p2p", "ddp"])
+def test_torch_backend_against_gloo(pools, case):
+    """torch.distributed over weft's ofi transport gives what gloo gives (test_backend.py)."""
+    assert_same(pools.get(3, "ofi-tcp").run(BACKEND_CASES[case]))
+
+
+def scenario_bad_key(rank, size, store, timeout_s):
+    import numpy as np
+    import weft
+
+    comm = weft.Communicator(store, rank, size, timeout=timeout_s)
+    small = outcome(lambda: comm.allreduce(np.ones(1000, np.float32)).tolist()[:2])
+    large = outcome(lambda: comm.allreduce(np.ones(2**20, np.float32)))
+    return {"small": small, "large": large}
+
+
+def test_bad_memory_key_is_refused():
+    """Clear-to-send entries naming a wrong key (WEFT_RDMA_FAULT=bad_key): eager messages
+    still go, the payload writes are refused by the provider and both ranks get a PeerError
+    within the timeout, the sender's naming the failed write."""
+    env = {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp", "WEFT_RDMA_FAULT": "bad_key"}
+    env["WEFT_TUNE"] = "off"  # the tuner's probes at start-up would hit the fault first
+    per_rank = lambda rank: {"WEFT_HOST_ID": f"weft-ofi-key-{rank}"}  # noqa: E731
+    with Ranks(scenario_bad_key, 2, SHORT_TIMEOUT_S, env=env, env_per_rank=per_rank) as ranks:
+        got = [ranks.result(r, timeout=SHORT_TIMEOUT_S + SLACK_S + 60) for r in range(2)]
+    for rank, result in enumerate(got):
+        assert result["small"].get("value") == [2.0, 2.0], f"rank {rank}: {result['small']}"
+        large = result["large"]
+        assert large["raised"] == "PeerError", f"rank {rank}: {large}"
+        assert large["elapsed"] < SHORT_TIMEOUT_S + SLACK_S, f"rank {rank}: {large}"
+    messages = " | ".join(r["large"]["message"] for r in got)
+    assert "write failed" in messages, messages
 
 
 def test_sigkill_peer_during_allreduce():

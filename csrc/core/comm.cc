@@ -127,7 +127,7 @@ void Communicator::connect(Store& store, const std::string& name) {
             make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s());
       } else if (cfg.transport == TransportChoice::Ofi) {
         // RDMA connections take tcp's geometry (WEFT_TCP_SLOT_BYTES, _SLOTS).
-        RdmaOptions opts{tcp_slot_bytes_, tcp_slots_};
+        RdmaOptions opts{tcp_slot_bytes_, tcp_slots_, cfg.rdma_bad_key};
         conn = make_ofi_connection(control, rank_ < p, opts, timeout_s());
       } else {
         TcpOptions opts{tcp_slot_bytes_, tcp_slots_};

@@ -90,6 +90,12 @@ Config parse() {
   c.tcp_slot_bytes = env_long("WEFT_TCP_SLOT_BYTES", c.tcp_slot_bytes);
   c.tcp_slots = env_long("WEFT_TCP_SLOTS", c.tcp_slots);
   c.tcp_geometry_set = env("WEFT_TCP_SLOT_BYTES") || env("WEFT_TCP_SLOTS");
+  if (const char* fault = env("WEFT_RDMA_FAULT")) {
+    if (std::string(fault) != "bad_key") {
+      throw InvalidArgument(std::string("WEFT_RDMA_FAULT='") + fault + "': use bad_key");
+    }
+    c.rdma_bad_key = true;
+  }
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);

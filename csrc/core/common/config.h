@@ -29,9 +29,10 @@ struct Config {
   size_t tcp_slot_bytes = 1024 * 1024;                // WEFT_TCP_SLOT_BYTES
   int tcp_slots = 4;                                  // WEFT_TCP_SLOTS
   bool tcp_geometry_set = false;                      // either one set: no crowding rule
-  bool shm_cma = false;                               // WEFT_SHM_CMA=1: process_vm_readv transfers
-  size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES
-  size_t streaming_bytes = 8 << 20;  // WEFT_STREAMING_BYTES: outputs this large bypass the cache
+  bool rdma_bad_key = false;           // WEFT_RDMA_FAULT=bad_key: tests' refused remote writes
+  bool shm_cma = false;                // WEFT_SHM_CMA=1: process_vm_readv transfers
+  size_t cma_min_bytes = 1024 * 1024;  // WEFT_SHM_CMA_MIN_BYTES
+  size_t streaming_bytes = 8 << 20;    // WEFT_STREAMING_BYTES: outputs this large bypass the cache
   size_t scratch_cache_bytes = 256 << 20;  // WEFT_SCRATCH_CACHE_BYTES: scratch kept between ops
   std::string algo = "auto";               // WEFT_ALGO: auto or an algorithm family
   std::string tune = "measure";            // WEFT_TUNE: measure | off | <cost model file>

@@ -67,6 +67,7 @@ class RdmaConnection : public Connection {
                  const RdmaOptions& options, double timeout_s, const char* name)
       : slot_bytes_(options.slot_bytes),
         slots_(options.slots),
+        bad_key_(options.bad_key),
         stride_(round_up(sizeof(Header) + options.slot_bytes, 64)),
         name_(name),
         endpoint_(std::move(endpoint)),
@@ -419,7 +420,8 @@ class RdmaConnection : public Connection {
     const MemoryRegion* region = region_.get();
     if (!into_slot && bytes > 0) region = dst_region_ = &cache_.acquire(dst, bytes);
     ClearToSend& cts = *outbox_cts(next_);
-    cts = ClearToSend{region->remote_address(dst), region->remote_key(), bytes, next_};
+    const uint64_t key = bad_key_ ? ~region->remote_key() : region->remote_key();
+    cts = ClearToSend{region->remote_address(dst), key, bytes, next_};
     cleared_ = true;
     cleared_dst_ = dst;
     // A clear-to-send that does not fit now goes on the next pump.
@@ -456,6 +458,7 @@ class RdmaConnection : public Connection {
 
   const size_t slot_bytes_;
   const int slots_;
+  const bool bad_key_;
   const size_t stride_;  // of an eager slot: header and payload
   const char* name_;
   size_t half_bytes_ = 0;  // of memory_: the inbox, then the outbox

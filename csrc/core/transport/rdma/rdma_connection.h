@@ -11,6 +11,9 @@ namespace weft {
 struct RdmaOptions {
   size_t slot_bytes;
   int slots;
+  // For tests: name a wrong key in every clear-to-send, so that the peer's
+  // payload writes are refused (WEFT_RDMA_FAULT=bad_key).
+  bool bad_key = false;
 };
 
 // A Connection over a connected RdmaEndpoint, with NCCL net_ib's protocol

@@ -7,8 +7,9 @@ import shutil
 import subprocess
 
 
-def ofi_missing(provider: str = "tcp") -> str | None:
-    """None when libfabric loads and offers ``provider`` FI_EP_MSG endpoints, else why not."""
+def ofi_missing(provider: str = "tcp", endpoint: str = "FI_EP_MSG") -> str | None:
+    """None when libfabric loads and offers ``provider`` endpoints of type ``endpoint`` with
+    FI_RMA, else why not."""
     try:
         ctypes.CDLL("libfabric.so.1")
     except OSError as e:
@@ -16,12 +17,12 @@ def ofi_missing(provider: str = "tcp") -> str | None:
     if shutil.which("fi_info") is None:
         return "fi_info is missing (Debian: libfabric-bin); `make install-peers` installs it"
     probe = subprocess.run(
-        ["fi_info", "-p", provider, "-t", "FI_EP_MSG", "-c", "FI_RMA"],
+        ["fi_info", "-p", provider, "-t", endpoint, "-c", "FI_RMA"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     if probe.returncode != 0:
-        return f"libfabric's {provider} provider offers no FI_EP_MSG endpoint with FI_RMA here"
+        return f"libfabric's {provider} provider offers no {endpoint} endpoint with FI_RMA here"
     return None

@@ -30,6 +30,8 @@ from weft_torch import assert_same
 
 MISSING = ofi_missing("tcp")
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+SHM_MISSING = ofi_missing("shm", "FI_EP_RDM")
+needs_shm_provider = pytest.mark.skipif(SHM_MISSING is not None, reason=SHM_MISSING or "")
 
 # Fewer dtypes for the larger worlds (the full set runs at 2 ranks): integers, the float16
 # and bfloat16 that are reduced through float32, and float64.
@@ -78,6 +80,20 @@ def test_data_movement(pools, size, transport):
         entered = results[late][turn][1]
         early = [rank for rank, turns in enumerate(results) if turns[turn][2] < entered]
         assert not early, f"ranks {early} left the barrier before rank {late} entered it"
+
+
+@needs_shm_provider
+@pytest.mark.parametrize("collective", list(COLLECTIVES))
+def test_collective_over_shm_provider(pools, collective):
+    """The same protocol over FI_EP_RDM endpoints (libfabric's shm provider), where writes
+    need not land in order."""
+    per_rank = pools.get(3, "ofi-shm").run(COLLECTIVES[collective], TWO_DTYPES, OPS, PATH_COUNTS)
+    assert_no_mismatch(per_rank)
+
+
+@needs_shm_provider
+def test_data_movement_over_shm_provider(pools):
+    test_data_movement(pools, 3, "ofi-shm")
 
 
 @pytest.mark.parametrize(("size", "transport"), [(3, "ofi-tcp"), (3, "ofi-tcp-small")])

@@ -40,7 +40,8 @@ RUN_TIMEOUT_S = 300.0
 # choose how the torch backend moves CUDA tensors: pinned host staging, or cuda_ipc with its
 # default staging buffers or with 4 KiB ones, so that modest counts take many rounds. "ofi-tcp"
 # runs the RDMA protocol over libfabric's tcp provider (messages over 64 KiB take the rendezvous
-# path), "ofi-tcp-small" with four 4 KiB slots (every message eager, credits running out).
+# path), "ofi-tcp-small" with four 4 KiB slots (every message eager, credits running out),
+# "ofi-shm" over libfabric's shm provider (FI_EP_RDM endpoints).
 TRANSPORTS = (
     "shm",
     "tcp",
@@ -57,6 +58,7 @@ TRANSPORTS = (
     "cuda-nccl-plans",
     "ofi-tcp",
     "ofi-tcp-small",
+    "ofi-shm",
 )
 
 SMALL_SLOTS = {
@@ -103,6 +105,9 @@ def transport_env(transport: str, rank: int) -> dict[str, str]:
         small = SMALL_SLOTS if transport == "ofi-tcp-small" else {}
         host = {"WEFT_HOST_ID": f"weft-test-host-{rank}"}
         return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp", **host, **small}
+    if transport == "ofi-shm":
+        # libfabric's shm provider: FI_EP_RDM endpoints, one host.
+        return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "shm"}
     if transport == "cuda-ipc-small":
         return {
             "WEFT_TRANSPORT": "shm",

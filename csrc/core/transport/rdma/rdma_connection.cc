@@ -12,9 +12,10 @@
 // length) into the sender's FIFO; the sender then writes the payload
 // straight from the caller's memory with immediate Payload. Clear-to-send
 // entries thus carry the rendezvous, and the slots they belong to the
-// credits. Immediates name every write (rdma_wire.h), and completions arrive
-// in order on a reliable connection, so the receiver learns of every message
-// from its completion queue without polling memory.
+// credits. Immediates name every write (rdma_wire.h), so the receiver learns
+// of every message from its completion queue without polling memory, in
+// whatever order the endpoint delivers them (a reliable connection keeps
+// order; FI_EP_RDM endpoints need not).
 //
 // Counted per transfer: an eager message is one write one way (plus a
 // Credit write back when the receiver frees its slot); a rendezvous message
@@ -72,6 +73,7 @@ class RdmaConnection : public Connection {
         name_(name),
         endpoint_(std::move(endpoint)),
         sends_(static_cast<size_t>(slots_)),
+        arrived_(static_cast<size_t>(slots_), 0),
         freed_(static_cast<size_t>(slots_), false),
         cache_(*endpoint_) {
     if (slots_ < 1 || slot_bytes_ == 0) {
@@ -337,9 +339,11 @@ class RdmaConnection : public Connection {
     }
     switch (rdma_wire::kind_of(c.imm)) {
       case Kind::Eager: {
-        const uint64_t seq = rdma_wire::seq_after(arrived_, c.imm);
-        if (seq != arrived_) return protocol_error("message out of order");
-        ++arrived_;
+        const uint64_t seq = rdma_wire::seq_after(next_, c.imm);
+        if (seq >= next_ + slots_ || arrived_[seq % slots_] != 0) {
+          return protocol_error("a message into a slot that is not free");
+        }
+        arrived_[seq % slots_] = seq + 1;
         return;
       }
       case Kind::ClearToSend: {
@@ -362,6 +366,9 @@ class RdmaConnection : public Connection {
         return;
       }
       case Kind::Credit: {
+        // An older count overtaken by a newer one (unordered endpoints).
+        const uint64_t behind = (peer_freed_ - c.imm) & rdma_wire::kSeqMask;
+        if (behind != 0 && behind <= static_cast<uint64_t>(slots_)) return;
         const uint64_t freed = rdma_wire::seq_after(peer_freed_, c.imm);
         if (freed > written_seq_) return protocol_error("credit for slots never used");
         peer_freed_ = freed;
@@ -384,7 +391,7 @@ class RdmaConnection : public Connection {
   // inbox when `into_slot`).
   bool receive(size_t bytes, char* dst, bool into_slot) {
     pump();
-    if (!broken_.empty() || next_ >= arrived_) return false;
+    if (!broken_.empty() || arrived_[next_ % slots_] != next_ + 1) return false;
     const Header& header = *reinterpret_cast<const Header*>(inbox_slot(next_));
     if (!header_checked_) {
       if (header.operation != operation_) {
@@ -440,6 +447,7 @@ class RdmaConnection : public Connection {
   }
 
   void free_slot(uint64_t seq) {
+    arrived_[seq % slots_] = 0;
     freed_[seq % slots_] = true;
     while (freed_seq_ < next_ && freed_[freed_seq_ % slots_]) {
       freed_[freed_seq_ % slots_] = false;
@@ -477,10 +485,13 @@ class RdmaConnection : public Connection {
   uint64_t peer_freed_ = 0;  // slots the peer freed: we may write below peer_freed_ + slots_
   bool reserved_ = false;
 
-  // Receiving: arrived_ messages are in their slots; next_ is the next one
+  // Receiving: arrived_[slot] is 1 + the seq of the message that landed in
+  // it (0: none; writes may land out of order on unordered endpoints, as
+  // FI_EP_RDM's); next_ is the next one
   // asked for; held_ the ones recv_slot handed out; freed_seq_ the slots
   // free in order (the credits), freed_ the ones freed out of order.
-  uint64_t arrived_ = 0, next_ = 0, freed_seq_ = 0, credit_sent_ = 0;
+  std::vector<uint64_t> arrived_;
+  uint64_t next_ = 0, freed_seq_ = 0, credit_sent_ = 0;
   std::deque<uint64_t> held_;
   std::vector<bool> freed_;
   bool header_checked_ = false;

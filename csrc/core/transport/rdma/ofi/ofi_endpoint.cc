@@ -1,7 +1,10 @@
 // The ofi back end: one FI_EP_MSG endpoint per connection, with its own
 // fabric, domain, event queue (connection management, FI_SHUTDOWN for a
 // peer that went away) and completion queue (FI_CQ_FORMAT_DATA: our writes'
-// completions and the peer's 4 bytes of remote CQ data).
+// completions and the peer's 4 bytes of remote CQ data). Where the provider
+// has no FI_EP_MSG endpoints (shm, efa), an FI_EP_RDM one with an address
+// vector holding the peer alone: no connection, so no FI_SHUTDOWN (a dead
+// peer shows in failed writes and in the bootstrap's control socket).
 //
 // Memory-registration modes weft supports: FI_MR_LOCAL (local buffers are
 // registered and named by descriptor), FI_MR_VIRT_ADDR (writes name virtual
@@ -62,11 +65,11 @@ struct InfoDeleter {
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
 // What we ask every provider for.
-InfoPtr hints() {
+InfoPtr hints(fi_ep_type type) {
   InfoPtr h(libfabric().dupinfo(nullptr));
   h->caps = FI_MSG | FI_RMA;
   h->mode = FI_RX_CQ_DATA;
-  h->ep_attr->type = FI_EP_MSG;
+  h->ep_attr->type = type;
   h->domain_attr->mr_mode = kMrModes;
   h->domain_attr->threading = FI_THREAD_DOMAIN;
   return h;
@@ -112,6 +115,7 @@ class OfiEndpoint : public RdmaEndpoint {
     close_fid(ep_ ? &ep_->fid : nullptr);
     close_fid(pep_ ? &pep_->fid : nullptr);
     close_fid(cq_ ? &cq_->fid : nullptr);
+    close_fid(av_ ? &av_->fid : nullptr);
     close_fid(eq_ ? &eq_->fid : nullptr);
     close_fid(domain_ ? &domain_->fid : nullptr);
     close_fid(fabric_ ? &fabric_->fid : nullptr);
@@ -123,9 +127,11 @@ class OfiEndpoint : public RdmaEndpoint {
     const std::string ip = local_address(control, family);
     if (listen) {
       fi_info* found = nullptr;
-      InfoPtr h = hints();
+      InfoPtr h = hints(FI_EP_MSG);
       int ret = libfabric().getinfo(kApiVersion, ip.c_str(), "0", FI_SOURCE, h.get(), &found);
-      if (ret != 0) no_provider(ret, ip);
+      uint8_t reliable_datagrams = ret != 0;
+      control.send_all(&reliable_datagrams, 1, deadline, "ofi endpoint type");
+      if (reliable_datagrams) return connect_rdm(control, true, ip, deadline);
       InfoPtr info(found);
       open_fabric(info.get());
       check("fi_passive_ep", fi_passive_ep(fabric_, info.get(), &pep_, nullptr));
@@ -146,13 +152,16 @@ class OfiEndpoint : public RdmaEndpoint {
       close_fid(&pep_->fid);
       pep_ = nullptr;
     } else {
+      uint8_t reliable_datagrams = 0;
+      control.recv_all(&reliable_datagrams, 1, deadline, "ofi endpoint type of the peer");
+      if (reliable_datagrams) return connect_rdm(control, false, ip, deadline);
       uint64_t len = 0;
       control.recv_all(&len, sizeof(len), deadline, "ofi endpoint name of the peer");
       if (len == 0 || len > 4096)
         throw PeerError("ofi: the peer sent an endpoint name of " + std::to_string(len) + " bytes");
       std::vector<char> name(len);
       control.recv_all(name.data(), len, deadline, "ofi endpoint name of the peer");
-      InfoPtr h = hints();
+      InfoPtr h = hints(FI_EP_MSG);
       h->dest_addr = std::malloc(len);  // freed with the hints
       std::memcpy(h->dest_addr, name.data(), len);
       h->dest_addrlen = len;
@@ -184,7 +193,7 @@ class OfiEndpoint : public RdmaEndpoint {
                       uint64_t remote_address, uint64_t remote_key, uint32_t imm,
                       uint64_t id) override {
     void* desc = local ? local->local_descriptor() : nullptr;
-    ssize_t ret = fi_writedata(ep_, src, bytes, desc, imm, 0, remote_address, remote_key,
+    ssize_t ret = fi_writedata(ep_, src, bytes, desc, imm, peer_, remote_address, remote_key,
                                reinterpret_cast<void*>(id));
     if (ret == -FI_EAGAIN) return false;
     if (ret != 0) throw PeerError(fi_error("fi_writedata", static_cast<int>(ret)));
@@ -212,6 +221,7 @@ class OfiEndpoint : public RdmaEndpoint {
   }
 
   void check_alive() override {
+    if (av_) return;  // no connection to watch
     uint32_t event = 0;
     fi_eq_cm_entry entry{};
     ssize_t n = fi_eq_read(eq_, &event, &entry, sizeof(entry), 0);
@@ -222,7 +232,7 @@ class OfiEndpoint : public RdmaEndpoint {
   }
 
   void close() override {
-    if (ep_ && !closed_) fi_shutdown(ep_, 0);
+    if (ep_ && !av_ && !closed_) fi_shutdown(ep_, 0);
     closed_ = true;
   }
 
@@ -232,9 +242,64 @@ class OfiEndpoint : public RdmaEndpoint {
  private:
   [[noreturn]] void no_provider(int ret, const std::string& ip) {
     throw InvalidArgument(
-        "WEFT_TRANSPORT=ofi: libfabric offers no FI_EP_MSG endpoint with FI_RMA at " + ip + " (" +
-        libfabric().strerror(-ret) +
-        "); check `fi_info -t FI_EP_MSG -c FI_RMA`, or set FI_PROVIDER (tcp, verbs)");
+        "WEFT_TRANSPORT=ofi: libfabric offers no FI_EP_MSG or FI_EP_RDM endpoint with FI_RMA "
+        "at " +
+        ip + " (" + libfabric().strerror(-ret) +
+        "); check `fi_info -c FI_RMA`, or set FI_PROVIDER (tcp, verbs, shm)");
+  }
+
+  // Both sides open an FI_EP_RDM endpoint, swap names over `control` and put
+  // the peer's in the address vector.
+  void connect_rdm(Socket& control, bool listen, const std::string& ip, const Deadline& deadline) {
+    fi_info* found = nullptr;
+    InfoPtr h = hints(FI_EP_RDM);
+    int ret = libfabric().getinfo(kApiVersion, nullptr, nullptr, 0, h.get(), &found);
+    uint8_t ok = ret == 0, peer_ok = 0;
+    // Both learn whether both have one, so that neither waits for a name.
+    if (listen) {
+      control.send_all(&ok, 1, deadline, "ofi endpoint type");
+      control.recv_all(&peer_ok, 1, deadline, "ofi endpoint type of the peer");
+    } else {
+      control.recv_all(&peer_ok, 1, deadline, "ofi endpoint type of the peer");
+      control.send_all(&ok, 1, deadline, "ofi endpoint type");
+    }
+    InfoPtr info(found);
+    if (!ok) no_provider(ret, ip);
+    if (!peer_ok) throw InvalidArgument("WEFT_TRANSPORT=ofi: the peer found no FI_EP_RDM endpoint");
+    open_fabric(info.get());
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    check("fi_domain", fi_domain(fabric_, info.get(), &domain_, nullptr));
+    check("fi_av_open", fi_av_open(domain_, &av_attr, &av_, nullptr));
+    open_endpoint(info.get(), true);
+    std::vector<char> name(256);
+    size_t len = name.size();
+    check("fi_getname", fi_getname(&ep_->fid, name.data(), &len));
+    const uint64_t len64 = len;
+    uint64_t peer_len = 0;
+    std::vector<char> peer_name(4096);
+    auto send_name = [&] {
+      control.send_all(&len64, sizeof(len64), deadline, "ofi endpoint name");
+      control.send_all(name.data(), len, deadline, "ofi endpoint name");
+    };
+    auto recv_name = [&] {
+      control.recv_all(&peer_len, sizeof(peer_len), deadline, "ofi endpoint name of the peer");
+      if (peer_len == 0 || peer_len > peer_name.size()) {
+        throw PeerError("ofi: the peer sent an endpoint name of " + std::to_string(peer_len) +
+                        " bytes");
+      }
+      control.recv_all(peer_name.data(), peer_len, deadline, "ofi endpoint name of the peer");
+    };
+    if (listen) {
+      send_name();
+      recv_name();
+    } else {
+      recv_name();
+      send_name();
+    }
+    if (fi_av_insert(av_, peer_name.data(), 1, &peer_, 0, nullptr) != 1) {
+      throw PeerError("ofi: fi_av_insert refused the peer's address");
+    }
   }
 
   void open_fabric(fi_info* info) {
@@ -245,14 +310,18 @@ class OfiEndpoint : public RdmaEndpoint {
     check("fi_eq_open", fi_eq_open(fabric_, &eq_attr, &eq_, nullptr));
   }
 
-  void open_endpoint(fi_info* info) {
-    check("fi_domain", fi_domain(fabric_, info, &domain_, nullptr));
+  void open_endpoint(fi_info* info, bool reliable_datagrams = false) {
+    if (!reliable_datagrams) check("fi_domain", fi_domain(fabric_, info, &domain_, nullptr));
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;
     cq_attr.wait_obj = FI_WAIT_NONE;
     check("fi_cq_open", fi_cq_open(domain_, &cq_attr, &cq_, nullptr));
     check("fi_endpoint", fi_endpoint(domain_, info, &ep_, nullptr));
-    check("fi_ep_bind eq", fi_ep_bind(ep_, &eq_->fid, 0));
+    if (reliable_datagrams) {
+      check("fi_ep_bind av", fi_ep_bind(ep_, &av_->fid, 0));
+    } else {
+      check("fi_ep_bind eq", fi_ep_bind(ep_, &eq_->fid, 0));
+    }
     check("fi_ep_bind cq", fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV));
     check("fi_enable", fi_enable(ep_));
     const uint64_t mr_mode = info->domain_attr->mr_mode;
@@ -267,7 +336,8 @@ class OfiEndpoint : public RdmaEndpoint {
 
   void post_receive() {
     ssize_t ret;
-    while ((ret = fi_recv(ep_, nullptr, 0, nullptr, 0, kReceiveContext)) == -FI_EAGAIN) {
+    while ((ret = fi_recv(ep_, nullptr, 0, nullptr, FI_ADDR_UNSPEC, kReceiveContext)) ==
+           -FI_EAGAIN) {
       fi_cq_data_entry none;
       fi_cq_read(cq_, &none, 0);
     }
@@ -325,6 +395,8 @@ class OfiEndpoint : public RdmaEndpoint {
   fid_cq* cq_ = nullptr;
   fid_pep* pep_ = nullptr;
   fid_ep* ep_ = nullptr;
+  fid_av* av_ = nullptr;  // FI_EP_RDM only
+  fi_addr_t peer_ = 0;    // FI_EP_RDM: the peer in av_; FI_EP_MSG ignores it
   std::string provider_;
   bool local_mr_ = false, virtual_addresses_ = false, rx_cq_data_ = false, closed_ = false;
   size_t max_write_ = 0;

@@ -1,7 +1,8 @@
 """The ofi transport (the RDMA protocol over libfabric) between real processes, over
-libfabric's tcp provider: every collective against numpy, messages on the eager and the
-rendezvous paths, many sends in flight, the torch backend against gloo, a peer killed
-mid-transfer. Skips, with the reason, where libfabric or its tcp provider is missing."""
+libfabric's tcp provider (FI_EP_MSG) and its shm provider (FI_EP_RDM): every collective
+against numpy, messages on the eager and the rendezvous paths, many sends in flight, the torch
+backend against gloo, a wrong memory key refused, a peer killed mid-transfer. Skips, with the
+reason, where libfabric or a provider is missing."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from test_collectives import (
 )
 from test_errors import PEER_1, SHORT_TIMEOUT_S, SLACK_S, scenario_allreduce_loop
 from weft_proc import Ranks, outcome, processes_with_token
-from weft_ref import COUNTS, DTYPES, OPS, assert_no_mismatch
+from weft_ref import DTYPES, OPS, assert_no_mismatch
 from weft_torch import assert_same
 
 MISSING = ofi_missing("tcp")
@@ -33,37 +34,41 @@ pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 SHM_MISSING = ofi_missing("shm", "FI_EP_RDM")
 needs_shm_provider = pytest.mark.skipif(SHM_MISSING is not None, reason=SHM_MISSING or "")
 
-# Fewer dtypes for the larger worlds (the full set runs at 2 ranks): integers, the float16
-# and bfloat16 that are reduced through float32, and float64.
+# Fewer dtypes for the larger worlds and small slots (the full set runs at 2 ranks): integers,
+# the float16 and bfloat16 that are reduced through float32, and float64.
 SOME_DTYPES = ("np.int32", "np.float16", "np.float64", "torch.bfloat16")
 TWO_DTYPES = ("np.int32", "torch.bfloat16")
-# Counts around the eager limit (64 KiB) and the 1 MiB slots: 4-byte elements put 16383 on
-# the eager path and 16385 and 2**20 + 3 (several slots) on the rendezvous path.
+ONE_DTYPE = ("np.int32",)
+# Every op at 2 and 3 ranks; beyond, one of each kind (summing, ordering, dividing).
+SOME_OPS = ("sum", "min", "avg")
+# 16383 and 16385 4-byte elements lie either side of the 64 KiB eager limit for a message
+# that carries a whole buffer (broadcast, the one-shot algorithms); 2**18 + 1 crosses it in
+# every algorithm (the 1 MiB slots too).
 PATH_COUNTS = (0, 1, 7, 16383, 16385, 2**18 + 1)
 
 WORLDS = [
-    pytest.param(n, "ofi-tcp", c, dtypes, counts, id=f"{c}-ws{n}")
-    for n, dtypes, counts in (
-        (2, DTYPES, COUNTS),
-        (3, SOME_DTYPES, PATH_COUNTS),
-        (4, TWO_DTYPES, PATH_COUNTS),
-        (5, TWO_DTYPES, PATH_COUNTS),
+    pytest.param(n, "ofi-tcp", c, dtypes, ops, PATH_COUNTS, id=f"{c}-ws{n}")
+    for n, dtypes, ops in (
+        (2, DTYPES, OPS),
+        (3, SOME_DTYPES, OPS),
+        (4, ONE_DTYPE, SOME_OPS),
+        (5, ONE_DTYPE, SOME_OPS),
     )
     for c in COLLECTIVES
 ] + [
     # four 4 KiB slots: every message eager, senders waiting on credits
-    pytest.param(3, "ofi-tcp-small", c, TWO_DTYPES, PATH_COUNTS, id=f"{c}-ws3-small")
+    pytest.param(3, "ofi-tcp-small", c, ONE_DTYPE, SOME_OPS, PATH_COUNTS, id=f"{c}-ws3-small")
     for c in COLLECTIVES
 ]
 
 
-@pytest.mark.parametrize(("size", "transport", "collective", "dtypes", "counts"), WORLDS)
-def test_collective(pools, size, transport, collective, dtypes, counts):
-    per_rank = pools.get(size, transport).run(COLLECTIVES[collective], dtypes, OPS, counts)
+@pytest.mark.parametrize(("size", "transport", "collective", "dtypes", "ops", "counts"), WORLDS)
+def test_collective(pools, size, transport, collective, dtypes, ops, counts):
+    per_rank = pools.get(size, transport).run(COLLECTIVES[collective], dtypes, ops, counts)
     assert_no_mismatch(per_rank)
 
 
-@pytest.mark.parametrize(("size", "transport"), [(3, "ofi-tcp"), (4, "ofi-tcp-small")])
+@pytest.mark.parametrize(("size", "transport"), [(3, "ofi-tcp"), (3, "ofi-tcp-small")])
 def test_data_movement(pools, size, transport):
     """alltoall with uneven counts, gather, scatter, a send/recv ring and barriers."""
     pool = pools.get(size, transport)
@@ -87,8 +92,8 @@ def test_data_movement(pools, size, transport):
 def test_collective_over_shm_provider(pools, collective):
     """The same protocol over FI_EP_RDM endpoints (libfabric's shm provider), where writes
     need not land in order."""
-    per_rank = pools.get(3, "ofi-shm").run(COLLECTIVES[collective], TWO_DTYPES, OPS, PATH_COUNTS)
-    assert_no_mismatch(per_rank)
+    pool = pools.get(3, "ofi-shm")
+    assert_no_mismatch(pool.run(COLLECTIVES[collective], TWO_DTYPES, SOME_OPS, PATH_COUNTS))
 
 
 @needs_shm_provider
@@ -105,7 +110,7 @@ def test_many_in_flight(pools, size, transport):
         assert_no_mismatch(pool.run(case_tags_in_order, count))
 
 
-@pytest.mark.parametrize("case", ["all_reduce", "reduce_scatter", "all_gather", "p2p", "ddp"])
+@pytest.mark.parametrize("case", ["all_reduce", "all_gather", "p2p", "ddp"])
 def test_torch_backend_against_gloo(pools, case):
     """torch.distributed over weft's ofi transport gives what gloo gives (test_backend.py)."""
     assert_same(pools.get(3, "ofi-tcp").run(BACKEND_CASES[case]))
@@ -168,3 +173,35 @@ def test_sigkill_peer_during_allreduce():
     if left:
         problems.append(f"processes left behind: {left}")
     assert not problems, "\n".join(problems)
+
+
+def case_count_writes(ctx, count):
+    """The writes each rank's connections post for one 2-rank allreduce of ``count`` floats."""
+    import numpy as np
+    import weft
+
+    buf = np.ones(count, np.float32)
+    ctx.comm.barrier()
+    before = weft._C.rdma_writes()
+    ctx.comm.allreduce(buf)
+    ctx.comm.barrier()
+    after = weft._C.rdma_writes()
+    return {kind: after[kind] - before[kind] for kind in after}
+
+
+@pytest.mark.parametrize("count", [1000, 2**20])
+def test_write_counts_follow_the_protocol(pools, count):
+    """Small messages go eagerly (no rendezvous write at all), large ones by rendezvous, where
+    each ready-to-send of one rank meets one clear-to-send of the other and one payload write
+    of its own; a receiver credits at most one write per message it received."""
+    mine, theirs = pools.get(2, "ofi-tcp").run(case_count_writes, count)
+    for me, peer in ((mine, theirs), (theirs, mine)):
+        messages = me["eager"] + me["ready_to_send"]
+        assert messages > 0, me
+        if count == 1000:
+            assert me["ready_to_send"] == me["payload"] == peer["clear_to_send"] == 0, (me, peer)
+        else:
+            assert me["ready_to_send"] > 0, me
+            assert me["ready_to_send"] == peer["clear_to_send"] == me["payload"], (me, peer)
+        # The first barrier's messages, sent before the count began, may be credited in it.
+        assert 0 < peer["credit"] <= messages + 2, (me, peer)

@@ -27,6 +27,7 @@
 #include "core/transport/rdma/rdma_connection.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +54,9 @@ constexpr size_t kEagerCopyBytes = 64 << 10;
 // How often an idle connection asks the endpoint whether the peer is gone.
 constexpr std::chrono::microseconds kWatchInterval{50};
 constexpr int kPollBatch = 16;
+
+// rdma_writes(), counted as writes are posted.
+std::atomic<uint64_t> g_eager{0}, g_ready{0}, g_cts{0}, g_payload{0}, g_credit{0};
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -281,8 +285,19 @@ class RdmaConnection : public Connection {
 
   bool write(const void* src, size_t bytes, uint64_t remote, uint64_t key, Kind kind, uint64_t seq,
              Wrote what, const MemoryRegion* local) {
-    return endpoint_->write_with_imm(src, bytes, local, remote, key,
-                                     rdma_wire::immediate(kind, seq), completion_id(what, seq));
+    if (!endpoint_->write_with_imm(src, bytes, local, remote, key, rdma_wire::immediate(kind, seq),
+                                   completion_id(what, seq))) {
+      return false;
+    }
+    switch (kind) {
+      case Kind::Eager:
+        ++(bytes == sizeof(Header) && sends_[seq % slots_].src ? g_ready : g_eager);
+        break;
+      case Kind::ClearToSend: ++g_cts; break;
+      case Kind::Payload: ++g_payload; break;
+      case Kind::Credit: ++g_credit; break;
+    }
+    return true;
   }
 
   // Messages (or their ready-to-send headers) into the peer's free slots,
@@ -507,6 +522,11 @@ class RdmaConnection : public Connection {
 };
 
 }  // namespace
+
+RdmaWrites rdma_writes() {
+  return RdmaWrites{g_eager.load(), g_ready.load(), g_cts.load(), g_payload.load(),
+                    g_credit.load()};
+}
 
 std::unique_ptr<Connection> make_rdma_connection(std::unique_ptr<RdmaEndpoint> endpoint,
                                                  Socket& control, const RdmaOptions& options,

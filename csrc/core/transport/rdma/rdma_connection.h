@@ -16,6 +16,17 @@ struct RdmaOptions {
   bool bad_key = false;
 };
 
+// The writes every RDMA connection of this process has posted so far, by
+// what they carried: a benchmark's count of messages per transfer.
+struct RdmaWrites {
+  uint64_t eager = 0;          // header and payload together
+  uint64_t ready_to_send = 0;  // a rendezvous message's header alone
+  uint64_t clear_to_send = 0;
+  uint64_t payload = 0;  // a rendezvous message's payload
+  uint64_t credit = 0;
+};
+RdmaWrites rdma_writes();
+
 // A Connection over a connected RdmaEndpoint, with NCCL net_ib's protocol
 // (rdma_connection.cc). The two sides exchange their inboxes' addresses and
 // keys over `control` (a connected socket of the Mesh, not kept).

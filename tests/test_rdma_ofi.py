@@ -129,7 +129,7 @@ def scenario_bad_key(rank, size, store, timeout_s):
 def test_bad_memory_key_is_refused():
     """Clear-to-send entries naming a wrong key (WEFT_RDMA_FAULT=bad_key): eager messages
     still go, the payload writes are refused by the provider and both ranks get a PeerError
-    within the timeout, the sender's naming the failed write."""
+    within the timeout."""
     env = {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp", "WEFT_RDMA_FAULT": "bad_key"}
     env["WEFT_TUNE"] = "off"  # the tuner's probes at start-up would hit the fault first
     per_rank = lambda rank: {"WEFT_HOST_ID": f"weft-ofi-key-{rank}"}  # noqa: E731
@@ -140,8 +140,11 @@ def test_bad_memory_key_is_refused():
         large = result["large"]
         assert large["raised"] == "PeerError", f"rank {rank}: {large}"
         assert large["elapsed"] < SHORT_TIMEOUT_S + SLACK_S, f"rank {rank}: {large}"
-    messages = " | ".join(r["large"]["message"] for r in got)
-    assert "write failed" in messages, messages
+    # The tcp provider fails the write at the initiator, or closes the connection over it
+    # (FI_SHUTDOWN on both sides), whichever each rank notices first.
+    for rank, result in enumerate(got):
+        message = result["large"]["message"]
+        assert "write failed" in message or "FI_SHUTDOWN" in message, f"rank {rank}: {message}"
 
 
 def test_sigkill_peer_during_allreduce():

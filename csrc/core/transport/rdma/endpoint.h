@@ -66,7 +66,7 @@ class RdmaEndpoint {
   virtual void close() = 0;
   // The largest write the endpoint takes.
   virtual size_t max_write_bytes() const = 0;
-  // "ofi/tcp", "ibverbs/mlx5_0" and the like, for logs.
+  // "ofi/tcp", "ofi/shm" and the like, for error messages.
   virtual std::string name() const = 0;
 };
 

@@ -472,7 +472,7 @@ class RdmaConnection : public Connection {
   }
 
   void protocol_error(const std::string& what) {
-    fail(std::string(name_) + " protocol error from the peer: " + what);
+    fail(endpoint_->name() + " protocol error from the peer: " + what);
   }
 
   void fail(std::string why) {

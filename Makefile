@@ -33,10 +33,14 @@ install:
 		scikit-build-core pybind11 cmake ninja nvidia-nccl-cu13 nvidia-cuda-cuobjdump
 	$(PIP) install -q --no-build-isolation --no-deps .
 
-# OpenMPI for the side-by-side benchmark and its tests (Debian packages: root, where mpirun is
-# missing).
+# OpenMPI for the side-by-side benchmark and its tests, libfabric (its headers build weft's ofi
+# transport, its tcp provider tests it) and libibverbs' headers (Debian packages: root, where
+# each is missing; without them their tests skip and say why).
 install-peers:
 	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
+	(command -v fi_info >/dev/null && test -f /usr/include/rdma/fabric.h && \
+		test -f /usr/include/infiniband/verbs.h) || \
+		(apt-get update -q && apt-get install -y -q libfabric-dev libfabric-bin libibverbs-dev)
 	$(PIP) install -q mpi4py
 
 # The fuzzers of tests/test_fuzz.py and tests/fuzz/run.py: Debian's clang with its libFuzzer
@@ -55,8 +59,12 @@ lint:
 	$(PYTHON) -m ruff check python tests bench tools examples
 	$(PYTHON) -m ruff format --check python tests bench tools examples
 
-test: install lint
-	$(MAKE) install-peers PYTHON=$(PYTHON) || echo "make test: no OpenMPI; its tests will skip"
+# The peers first (libfabric's headers must be there when weft is built), then weft and the
+# style tools, the style checks, the fuzzers.
+test:
+	$(MAKE) install-peers PYTHON=$(PYTHON) || echo "make test: no OpenMPI or libfabric; their tests will skip"
+	$(MAKE) install PYTHON=$(PYTHON)
+	$(MAKE) lint PYTHON=$(PYTHON)
 	$(MAKE) install-fuzz PYTHON=$(PYTHON) || echo "make test: no fuzzers; their tests will skip"
 	$(PYTHON) -m pytest -q -ra
 

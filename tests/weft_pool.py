@@ -40,7 +40,9 @@ RUN_TIMEOUT_S = 300.0
 # messages from 4 KiB by reference (the peer reads them with process_vm_readv). The "cuda-" ones
 # (shm between ranks) choose how the torch backend moves CUDA tensors: pinned host staging, or
 # cuda_ipc with its default staging buffers or with 4 KiB ones, so that modest counts take many
-# rounds.
+# rounds. "ofi-tcp" runs the RDMA protocol over libfabric's tcp provider (messages over 64 KiB
+# take the rendezvous path), "ofi-tcp-small" with four 4 KiB slots (every message eager, credits
+# running out), "ofi-shm" over libfabric's shm provider (FI_EP_RDM endpoints).
 TRANSPORTS = (
     "shm",
     "tcp",
@@ -56,6 +58,9 @@ TRANSPORTS = (
     "cuda-auto",
     "cuda-nccl",
     "cuda-nccl-plans",
+    "ofi-tcp",
+    "ofi-tcp-small",
+    "ofi-shm",
 )
 
 SMALL_SLOTS = {
@@ -99,6 +104,14 @@ def transport_env(transport: str, rank: int) -> dict[str, str]:
             "WEFT_NCCL_MODE": "plans",
             "WEFT_NCCL_STEP_BYTES": "4096",
         }
+    if transport in ("ofi-tcp", "ofi-tcp-small"):
+        # The ofi transport over libfabric's tcp provider, one host identity per rank.
+        small = SMALL_SLOTS if transport == "ofi-tcp-small" else {}
+        host = {"WEFT_HOST_ID": f"weft-test-host-{rank}"}
+        return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp", **host, **small}
+    if transport == "ofi-shm":
+        # libfabric's shm provider: FI_EP_RDM endpoints, one host.
+        return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "shm"}
     if transport == "cuda-ipc-small":
         return {
             "WEFT_TRANSPORT": "shm",

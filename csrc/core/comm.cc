@@ -17,6 +17,7 @@
 #include "core/exec/cpu_placement.h"
 #include "core/exec/scratch_pool.h"
 #include "core/transport/op_signature.h"
+#include "core/transport/rdma/ofi/ofi_connection.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/tcp/tcp_connection.h"
 #include "core/tune/family_probe.h"
@@ -40,6 +41,7 @@ char transport_code(TransportChoice choice) {
   switch (choice) {
     case TransportChoice::Tcp: return 't';
     case TransportChoice::Shm: return 's';
+    case TransportChoice::Ofi: return 'o';
     case TransportChoice::Auto: return 'a';
   }
   return 'a';
@@ -135,6 +137,10 @@ void Communicator::connect(Store& store, const std::string& name) {
         ShmOptions opts{cfg.shm_slot_bytes, cfg.shm_slots, cfg.shm_cma, cfg.cma_min_bytes};
         conn =
             make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s());
+      } else if (cfg.transport == TransportChoice::Ofi) {
+        // RDMA connections take tcp's geometry (WEFT_TCP_SLOT_BYTES, _SLOTS).
+        RdmaOptions opts{tcp_slot_bytes_, tcp_slots_, cfg.rdma_bad_key};
+        conn = make_ofi_connection(control, rank_ < p, opts, timeout_s());
       } else {
         TcpOptions opts{tcp_slot_bytes_, tcp_slots_};
         conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);

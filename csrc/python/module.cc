@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -13,6 +14,7 @@
 #include "core/comm.h"
 #include "core/common/config.h"
 #include "core/common/error.h"
+#include "core/transport/rdma/rdma_connection.h"
 #include "errors.h"
 #include "fast_method.h"
 #include "plan_export.h"
@@ -464,6 +466,19 @@ PYBIND11_MODULE(_C, m) {
       "host_id", []() { return weft::config().host_id; },
       "This process's host identity (WEFT_HOST_ID; default: hostname and boot id). Ranks with "
       "the same one share memory; the number of distinct ones is a world's number of hosts.");
+
+  m.def(
+      "rdma_writes",
+      []() {
+        const weft::RdmaWrites w = weft::rdma_writes();
+        return std::map<std::string, uint64_t>{{"eager", w.eager},
+                                               {"ready_to_send", w.ready_to_send},
+                                               {"clear_to_send", w.clear_to_send},
+                                               {"payload", w.payload},
+                                               {"credit", w.credit}};
+      },
+      "The writes this process's RDMA (ofi) connections have posted so far, by what they "
+      "carried (docs/rdma.md).");
 
   m.def(
       "algorithms",

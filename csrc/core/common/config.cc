@@ -69,7 +69,8 @@ Config parse() {
   c.transport = env_choice("WEFT_TRANSPORT", c.transport,
                            {{"auto", TransportChoice::Auto},
                             {"tcp", TransportChoice::Tcp},
-                            {"shm", TransportChoice::Shm}});
+                            {"shm", TransportChoice::Shm},
+                            {"ofi", TransportChoice::Ofi}});
   c.timeout_s = env_double("WEFT_TIMEOUT_S", c.timeout_s);
   if (const char* d = env("WEFT_DEBUG")) {
     std::string s(d);
@@ -96,6 +97,12 @@ Config parse() {
                           ": give 1 to 16 connection sets per peer");
   }
   c.tcp_geometry_set = env("WEFT_TCP_SLOT_BYTES") || env("WEFT_TCP_SLOTS");
+  if (const char* fault = env("WEFT_RDMA_FAULT")) {
+    if (std::string(fault) != "bad_key") {
+      throw InvalidArgument(std::string("WEFT_RDMA_FAULT='") + fault + "': use bad_key");
+    }
+    c.rdma_bad_key = true;
+  }
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);

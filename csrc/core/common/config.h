@@ -7,7 +7,7 @@
 
 namespace weft {
 
-enum class TransportChoice { Auto, Tcp, Shm };
+enum class TransportChoice { Auto, Tcp, Shm, Ofi };
 enum class LogLevel { Off, Info, Trace };
 // How the torch backend moves CUDA tensors: through pinned host twins over
 // shm/tcp, over cuda_ipc or over nccl (auto: nccl when weft has it and every
@@ -19,7 +19,7 @@ enum class CudaPath { Auto, Staging, Ipc, Nccl };
 enum class NcclMode { Native, Plans };
 
 struct Config {
-  TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm
+  TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm|ofi
   double timeout_s = 300.0;                           // WEFT_TIMEOUT_S
   LogLevel log_level = LogLevel::Off;                 // WEFT_DEBUG=INFO|TRACE
   std::string host_id;                                // WEFT_HOST_ID (default: hostname + boot id)
@@ -32,9 +32,10 @@ struct Config {
   int tcp_slots = 4;                                  // WEFT_TCP_SLOTS
   int channels = 2;                                   // WEFT_CHANNELS: connection sets per peer
   bool tcp_geometry_set = false;                      // either one set: no crowding rule
-  bool shm_cma = false;                               // WEFT_SHM_CMA=1: process_vm_readv transfers
-  size_t cma_min_bytes = 1024 * 1024;                 // WEFT_SHM_CMA_MIN_BYTES
-  size_t streaming_bytes = 8 << 20;  // WEFT_STREAMING_BYTES: outputs this large bypass the cache
+  bool rdma_bad_key = false;           // WEFT_RDMA_FAULT=bad_key: tests' refused remote writes
+  bool shm_cma = false;                // WEFT_SHM_CMA=1: process_vm_readv transfers
+  size_t cma_min_bytes = 1024 * 1024;  // WEFT_SHM_CMA_MIN_BYTES
+  size_t streaming_bytes = 8 << 20;    // WEFT_STREAMING_BYTES: outputs this large bypass the cache
   size_t scratch_cache_bytes = 256 << 20;  // WEFT_SCRATCH_CACHE_BYTES: scratch kept between ops
   std::string algo = "auto";               // WEFT_ALGO: auto or an algorithm family
   std::string tune = "measure";            // WEFT_TUNE: measure | off | <cost model file>

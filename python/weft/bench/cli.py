@@ -92,9 +92,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     add(
         "--transport",
-        type=comma_list(["auto", "all", *lineup.TRANSPORTS]),
+        type=comma_list(["auto", "all", *lineup.TRANSPORTS, *lineup.RDMA_TRANSPORTS]),
         default=[os.environ.get("WEFT_TRANSPORT") or "auto"],
-        help="weft's transports (WEFT_TRANSPORT): auto, shm, tcp, all; default $WEFT_TRANSPORT",
+        help="weft's transports (WEFT_TRANSPORT): auto, shm, tcp, ofi, all (shm and tcp); "
+        "default $WEFT_TRANSPORT",
     )
     add(
         "--rounds",

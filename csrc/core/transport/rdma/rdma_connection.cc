@@ -1,0 +1,538 @@
+// The RDMA protocol, as NCCL's net_ib runs it, over any RdmaEndpoint.
+//
+// Every message takes the next of the receiver's `slots` eager slots, which
+// are the sender's credits: the sender may write message seq once the
+// receiver has freed slot seq - slots, and the receiver says how many it has
+// freed with a Credit write. A message staged by send_slot, or sent with
+// send_from up to kEagerCopyBytes (copied into staging), is written eagerly:
+// header and payload in one write with immediate. A larger send_from is a
+// rendezvous: the header alone goes into the slot (ready-to-send); when the
+// receiver reaches that message it registers its destination (recv_into's
+// buffer or the slot itself) and writes a clear-to-send entry (address, key,
+// length) into the sender's FIFO; the sender then writes the payload
+// straight from the caller's memory with immediate Payload. Clear-to-send
+// entries thus carry the rendezvous, and the slots they belong to the
+// credits. Immediates name every write (rdma_wire.h), so the receiver learns
+// of every message from its completion queue without polling memory, in
+// whatever order the endpoint delivers them (a reliable connection keeps
+// order; FI_EP_RDM endpoints need not).
+//
+// Counted per transfer: an eager message is one write one way (plus a
+// Credit write back when the receiver frees its slot); a rendezvous message
+// is three (ready-to-send, clear-to-send, payload: 1.5 round trips) plus the
+// Credit.
+//
+// The header's length and operation are checked against what the receiver
+// asks for, as tcp and shm check theirs, before any payload is accepted.
+#include "core/transport/rdma/rdma_connection.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/common/deadline.h"
+#include "core/common/error.h"
+#include "core/transport/op_signature.h"
+#include "core/transport/rdma/rdma_wire.h"
+#include "core/transport/rdma/registration_cache.h"
+
+namespace weft {
+namespace {
+
+using rdma_wire::ClearToSend;
+using rdma_wire::Header;
+using rdma_wire::Kind;
+
+// send_from copies messages up to this size into staging and writes them
+// eagerly: below it a copy costs less than a round trip.
+constexpr size_t kEagerCopyBytes = 64 << 10;
+// How often an idle connection asks the endpoint whether the peer is gone.
+constexpr std::chrono::microseconds kWatchInterval{50};
+constexpr int kPollBatch = 16;
+
+// rdma_writes(), counted as writes are posted.
+std::atomic<uint64_t> g_eager{0}, g_ready{0}, g_cts{0}, g_payload{0}, g_credit{0};
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Local completion ids: what was written, for which message.
+enum class Wrote : uint64_t { Message = 1, Payload = 2, Control = 3 };
+uint64_t completion_id(Wrote what, uint64_t seq) {
+  return (static_cast<uint64_t>(what) << 56) | seq;
+}
+
+class RdmaConnection : public Connection {
+ public:
+  RdmaConnection(std::unique_ptr<RdmaEndpoint> endpoint, Socket& control,
+                 const RdmaOptions& options, double timeout_s, const char* name)
+      : slot_bytes_(options.slot_bytes),
+        slots_(options.slots),
+        bad_key_(options.bad_key),
+        stride_(round_up(sizeof(Header) + options.slot_bytes, 64)),
+        name_(name),
+        endpoint_(std::move(endpoint)),
+        sends_(static_cast<size_t>(slots_)),
+        arrived_(static_cast<size_t>(slots_), 0),
+        freed_(static_cast<size_t>(slots_), false),
+        cache_(*endpoint_) {
+    if (slots_ < 1 || slot_bytes_ == 0) {
+      throw InvalidArgument(std::string(name) +
+                            " connection needs at least one slot of at least one byte");
+    }
+    // inbox: eager slots, clear-to-send FIFO, credit word; outbox: the same.
+    const size_t slots = static_cast<size_t>(slots_);
+    half_bytes_ = round_up(slots * stride_ + slots * sizeof(ClearToSend) + 64, 4096);
+    void* memory = nullptr;
+    if (::posix_memalign(&memory, 4096, 2 * half_bytes_) != 0) {
+      throw Error(std::string(name) + ": cannot allocate " + std::to_string(2 * half_bytes_) +
+                  " bytes of connection buffers");
+    }
+    memory_.reset(static_cast<char*>(memory));
+    std::memset(memory_.get(), 0, 2 * half_bytes_);
+    region_ = endpoint_->register_memory(memory_.get(), 2 * half_bytes_);
+    exchange_hello(control, timeout_s);
+  }
+
+  ~RdmaConnection() override {
+    // Nothing may write into our memory once it is freed.
+    try {
+      endpoint_->close();
+    } catch (...) {
+    }
+  }
+
+  // ---- sending ----
+
+  void* send_slot() override {
+    if (!broken_.empty()) return nullptr;
+    if (!reserved_) {
+      if (!send_room()) return nullptr;
+      reserved_ = true;
+    }
+    return outbox_slot(send_seq_) + sizeof(Header);
+  }
+
+  void post_send(size_t bytes) override {
+    if (!reserved_) throw InvalidArgument("post_send without a slot from send_slot");
+    check_size("post_send", bytes);
+    reserved_ = false;
+    enqueue(bytes, nullptr);
+  }
+
+  bool send_from(const void* src, size_t bytes) override {
+    if (!broken_.empty() || !send_room()) return false;
+    if (bytes <= kEagerCopyBytes && bytes <= slot_bytes_) {
+      if (bytes > 0) std::memcpy(outbox_slot(send_seq_) + sizeof(Header), src, bytes);
+      enqueue(bytes, nullptr);
+    } else {
+      enqueue(bytes, static_cast<const char*>(src));
+    }
+    return true;
+  }
+
+  bool sends_complete() override {
+    pump();
+    return done_seq_ == send_seq_;
+  }
+
+  // ---- receiving ----
+
+  const void* recv_slot(size_t bytes) override {
+    check_size("recv_slot", bytes);
+    char* payload = inbox_slot(next_) + sizeof(Header);
+    if (!receive(bytes, payload, true)) return nullptr;
+    held_.push_back(next_++);
+    return payload;
+  }
+
+  void release_recv() override {
+    if (held_.empty()) throw InvalidArgument("release_recv without a message from recv_slot");
+    free_slot(held_.front());
+    held_.pop_front();
+  }
+
+  bool recv_into(void* dst, size_t bytes) override {
+    if (!receive(bytes, static_cast<char*>(dst), false)) return false;
+    const Header& header = *reinterpret_cast<const Header*>(inbox_slot(next_));
+    if (!header.rendezvous && bytes > 0) {
+      std::memcpy(dst, inbox_slot(next_) + sizeof(Header), bytes);
+    }
+    free_slot(next_++);
+    return true;
+  }
+
+  void progress() override {
+    pump();
+    const auto now = std::chrono::steady_clock::now();
+    if (broken_.empty() && now - last_watch_ >= kWatchInterval) {
+      last_watch_ = now;
+      try {
+        endpoint_->check_alive();
+      } catch (const PeerError& e) {
+        fail(e.what());
+      }
+    }
+    if (!broken_.empty()) {
+      if (out_of_step_) throw OutOfStepError(broken_);
+      throw PeerError(broken_);
+    }
+  }
+
+  void shutdown() override { endpoint_->close(); }
+
+  size_t slot_bytes() const override { return slot_bytes_; }
+  size_t capacity_bytes() const override { return slot_bytes_ * static_cast<size_t>(slots_); }
+  const char* transport_name() const override { return name_; }
+
+ private:
+  struct Send {
+    size_t bytes;
+    uint64_t operation;
+    const char* src;             // rendezvous: the caller's memory; null when staged
+    const MemoryRegion* region;  // src's registration while its payload is written
+    bool cleared;                // the receiver's clear-to-send arrived
+    bool payload_posted;
+    int pending;  // writes posted and not completed
+  };
+
+  // Layout of memory_: inbox then outbox, each [slots x stride][slots x cts][credit].
+  char* inbox_slot(uint64_t seq) const { return memory_.get() + (seq % slots_) * stride_; }
+  char* outbox_slot(uint64_t seq) const { return inbox_slot(seq) + half_bytes_; }
+  size_t cts_offset(uint64_t seq) const {
+    return static_cast<size_t>(slots_) * stride_ + (seq % slots_) * sizeof(ClearToSend);
+  }
+  size_t credit_offset() const {
+    return static_cast<size_t>(slots_) * (stride_ + sizeof(ClearToSend));
+  }
+  ClearToSend* inbox_cts(uint64_t seq) const {
+    return reinterpret_cast<ClearToSend*>(memory_.get() + cts_offset(seq));
+  }
+  ClearToSend* outbox_cts(uint64_t seq) const {
+    return reinterpret_cast<ClearToSend*>(memory_.get() + half_bytes_ + cts_offset(seq));
+  }
+  char* outbox_credit() const { return memory_.get() + half_bytes_ + credit_offset(); }
+
+  void exchange_hello(Socket& control, double timeout_s) {
+    rdma_wire::Hello mine{region_->remote_address(memory_.get()), region_->remote_key(),
+                          slot_bytes_, static_cast<uint64_t>(slots_)};
+    rdma_wire::Hello theirs{};
+    const Deadline deadline(timeout_s);
+    control.send_all(&mine, sizeof(mine), deadline, std::string(name_) + " connection setup");
+    control.recv_all(&theirs, sizeof(theirs), deadline, std::string(name_) + " connection setup");
+    if (theirs.slot_bytes != mine.slot_bytes || theirs.slots != mine.slots) {
+      throw InvalidArgument(std::string(name_) + ": the peer's slots (" +
+                            std::to_string(theirs.slots) + " x " +
+                            std::to_string(theirs.slot_bytes) + " bytes) differ from ours (" +
+                            std::to_string(slots_) + " x " + std::to_string(slot_bytes_) +
+                            "); set the same slot variables on every rank");
+    }
+    peer_inbox_ = theirs.inbox_address;
+    peer_key_ = theirs.inbox_key;
+  }
+
+  void check_size(const char* op, size_t bytes) const {
+    if (bytes > slot_bytes_) {
+      throw InvalidArgument(std::string(op) + ": message of " + std::to_string(bytes) +
+                            " bytes exceeds the slot size " + std::to_string(slot_bytes_));
+    }
+  }
+
+  // A reserved send slot counts as in flight.
+  bool send_room() {
+    if (send_seq_ - done_seq_ + reserved_ < static_cast<uint64_t>(slots_)) return true;
+    pump();
+    return send_seq_ - done_seq_ + reserved_ < static_cast<uint64_t>(slots_);
+  }
+
+  void enqueue(size_t bytes, const char* src) {
+    if (src && bytes > endpoint_->max_write_bytes()) {
+      throw InvalidArgument(std::string(name_) + ": message of " + std::to_string(bytes) +
+                            " bytes exceeds the endpoint's largest write of " +
+                            std::to_string(endpoint_->max_write_bytes()));
+    }
+    sends_[send_seq_ % slots_] = Send{bytes, operation_, src, nullptr, false, false, 0};
+    *reinterpret_cast<Header*>(outbox_slot(send_seq_)) =
+        Header{bytes, operation_, src != nullptr, 0};
+    ++send_seq_;
+    pump();
+  }
+
+  // Posts what can go, then takes completions, until nothing moves.
+  void pump() {
+    if (!broken_.empty()) return;
+    try {
+      post_all();
+      Completion done[kPollBatch];
+      for (int n; (n = endpoint_->poll(done, kPollBatch)) > 0;) {
+        for (int i = 0; i < n; ++i) handle(done[i]);
+        post_all();
+      }
+    } catch (const PeerError& e) {
+      fail(e.what());
+    }
+  }
+
+  void post_all() {
+    post_cts();
+    post_messages();
+    post_credit();
+  }
+
+  bool write(const void* src, size_t bytes, uint64_t remote, uint64_t key, Kind kind, uint64_t seq,
+             Wrote what, const MemoryRegion* local) {
+    if (!endpoint_->write_with_imm(src, bytes, local, remote, key, rdma_wire::immediate(kind, seq),
+                                   completion_id(what, seq))) {
+      return false;
+    }
+    switch (kind) {
+      case Kind::Eager:
+        ++(bytes == sizeof(Header) && sends_[seq % slots_].src ? g_ready : g_eager);
+        break;
+      case Kind::ClearToSend: ++g_cts; break;
+      case Kind::Payload: ++g_payload; break;
+      case Kind::Credit: ++g_credit; break;
+    }
+    return true;
+  }
+
+  // Messages (or their ready-to-send headers) into the peer's free slots,
+  // then the payloads the peer has cleared.
+  void post_messages() {
+    while (written_seq_ < send_seq_ && written_seq_ < peer_freed_ + slots_) {
+      Send& s = sends_[written_seq_ % slots_];
+      const size_t bytes = sizeof(Header) + (s.src ? 0 : s.bytes);
+      if (!write(outbox_slot(written_seq_), bytes, peer_inbox_ + (written_seq_ % slots_) * stride_,
+                 peer_key_, Kind::Eager, written_seq_, Wrote::Message, region_.get())) {
+        return;
+      }
+      ++s.pending;
+      ++written_seq_;
+    }
+    for (uint64_t seq = done_seq_; seq < written_seq_; ++seq) {
+      Send& s = sends_[seq % slots_];
+      if (!s.cleared || s.payload_posted) continue;
+      const ClearToSend& cts = *inbox_cts(seq);
+      if (endpoint_->needs_local_registration() && !s.region && s.bytes > 0) {
+        s.region = &cache_.acquire(s.src, s.bytes);
+      }
+      if (!write(s.src, s.bytes, cts.address, cts.key, Kind::Payload, seq, Wrote::Payload,
+                 s.region)) {
+        return;
+      }
+      s.payload_posted = true;
+      ++s.pending;
+    }
+  }
+
+  void post_credit() {
+    if (credit_sent_ == freed_seq_) return;
+    std::memcpy(outbox_credit(), &freed_seq_, sizeof(freed_seq_));
+    if (write(outbox_credit(), sizeof(freed_seq_), peer_inbox_ + credit_offset(), peer_key_,
+              Kind::Credit, freed_seq_, Wrote::Control, region_.get())) {
+      credit_sent_ = freed_seq_;
+    }
+  }
+
+  void handle(const Completion& c) {
+    if (c.kind == Completion::Kind::Local) {
+      const auto what = static_cast<Wrote>(c.id >> 56);
+      const uint64_t seq = c.id & ((uint64_t{1} << 56) - 1);
+      if (what == Wrote::Control) return;
+      Send& s = sends_[seq % slots_];
+      --s.pending;
+      if (what == Wrote::Payload && s.region) {
+        cache_.release(*s.region);
+        s.region = nullptr;
+      }
+      retire_sends();
+      return;
+    }
+    switch (rdma_wire::kind_of(c.imm)) {
+      case Kind::Eager: {
+        const uint64_t seq = rdma_wire::seq_after(next_, c.imm);
+        if (seq >= next_ + slots_ || arrived_[seq % slots_] != 0) {
+          return protocol_error("a message into a slot that is not free");
+        }
+        arrived_[seq % slots_] = seq + 1;
+        return;
+      }
+      case Kind::ClearToSend: {
+        const uint64_t seq = rdma_wire::seq_after(done_seq_, c.imm);
+        if (seq >= written_seq_) return protocol_error("clear-to-send for a message never sent");
+        Send& s = sends_[seq % slots_];
+        if (!s.src || s.cleared) return protocol_error("unexpected clear-to-send");
+        if (inbox_cts(seq)->length != s.bytes) {
+          return protocol_error("clear-to-send for " + std::to_string(inbox_cts(seq)->length) +
+                                " bytes, the message has " + std::to_string(s.bytes));
+        }
+        s.cleared = true;
+        return;
+      }
+      case Kind::Payload: {
+        if (rdma_wire::seq_after(next_, c.imm) != next_ || !cleared_) {
+          return protocol_error("payload that was not asked for");
+        }
+        payload_arrived_ = true;
+        return;
+      }
+      case Kind::Credit: {
+        // An older count overtaken by a newer one (unordered endpoints).
+        const uint64_t behind = (peer_freed_ - c.imm) & rdma_wire::kSeqMask;
+        if (behind != 0 && behind <= static_cast<uint64_t>(slots_)) return;
+        const uint64_t freed = rdma_wire::seq_after(peer_freed_, c.imm);
+        if (freed > written_seq_) return protocol_error("credit for slots never used");
+        peer_freed_ = freed;
+        return;
+      }
+    }
+    protocol_error("unknown immediate " + std::to_string(c.imm));
+  }
+
+  void retire_sends() {
+    while (done_seq_ < written_seq_) {
+      const Send& s = sends_[done_seq_ % slots_];
+      if (s.pending > 0 || (s.src && !s.payload_posted)) return;
+      ++done_seq_;
+    }
+  }
+
+  // Whether message next_ (`bytes` long) is complete in its slot or in
+  // `dst`; for a rendezvous, clears it to be written to `dst` (inside the
+  // inbox when `into_slot`).
+  bool receive(size_t bytes, char* dst, bool into_slot) {
+    pump();
+    if (!broken_.empty() || arrived_[next_ % slots_] != next_ + 1) return false;
+    const Header& header = *reinterpret_cast<const Header*>(inbox_slot(next_));
+    if (!header_checked_) {
+      if (header.operation != operation_) {
+        out_of_step_ = true;
+        fail(op_mismatch(operation_, header.operation));
+        return false;
+      }
+      if (header.length != bytes) {
+        out_of_step_ = true;
+        fail(length_mismatch(bytes, header.length));
+        return false;
+      }
+      header_checked_ = true;
+    }
+    if (header.rendezvous) {
+      if (!cleared_) {
+        clear_to_send(bytes, dst, into_slot);
+        pump();
+      } else if (dst != cleared_dst_) {
+        throw InvalidArgument(std::string(name_) +
+                              ": a receive repeated with a different buffer mid-message");
+      }
+      if (!payload_arrived_) return false;
+      if (dst_region_) cache_.release(*dst_region_);
+      dst_region_ = nullptr;
+      cleared_ = payload_arrived_ = false;
+    }
+    header_checked_ = false;
+    return true;
+  }
+
+  void clear_to_send(size_t bytes, char* dst, bool into_slot) {
+    const MemoryRegion* region = region_.get();
+    if (!into_slot && bytes > 0) region = dst_region_ = &cache_.acquire(dst, bytes);
+    ClearToSend& cts = *outbox_cts(next_);
+    const uint64_t key = bad_key_ ? ~region->remote_key() : region->remote_key();
+    cts = ClearToSend{region->remote_address(dst), key, bytes, next_};
+    cleared_ = true;
+    cleared_dst_ = dst;
+    // A clear-to-send that does not fit now goes on the next pump.
+    pending_cts_.push_back(next_);
+  }
+
+  void post_cts() {
+    while (!pending_cts_.empty()) {
+      const uint64_t seq = pending_cts_.front();
+      if (!write(outbox_cts(seq), sizeof(ClearToSend), peer_inbox_ + cts_offset(seq), peer_key_,
+                 Kind::ClearToSend, seq, Wrote::Control, region_.get())) {
+        return;
+      }
+      pending_cts_.pop_front();
+    }
+  }
+
+  void free_slot(uint64_t seq) {
+    arrived_[seq % slots_] = 0;
+    freed_[seq % slots_] = true;
+    while (freed_seq_ < next_ && freed_[freed_seq_ % slots_]) {
+      freed_[freed_seq_ % slots_] = false;
+      ++freed_seq_;
+    }
+    pump();
+  }
+
+  void protocol_error(const std::string& what) {
+    fail(endpoint_->name() + " protocol error from the peer: " + what);
+  }
+
+  void fail(std::string why) {
+    if (broken_.empty()) broken_ = std::move(why);
+  }
+
+  const size_t slot_bytes_;
+  const int slots_;
+  const bool bad_key_;
+  const size_t stride_;  // of an eager slot: header and payload
+  const char* name_;
+  size_t half_bytes_ = 0;  // of memory_: the inbox, then the outbox
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> memory_;
+  std::unique_ptr<RdmaEndpoint> endpoint_;
+  std::unique_ptr<MemoryRegion> region_;  // all of memory_
+  uint64_t peer_inbox_ = 0, peer_key_ = 0;
+
+  // Sending: messages send_seq_ > seq >= done_seq_ are in flight in sends_;
+  // those below written_seq_ have their headers written.
+  std::vector<Send> sends_;
+  uint64_t send_seq_ = 0, written_seq_ = 0, done_seq_ = 0;
+  uint64_t peer_freed_ = 0;  // slots the peer freed: we may write below peer_freed_ + slots_
+  bool reserved_ = false;
+
+  // Receiving: arrived_[slot] is 1 + the seq of the message that landed in
+  // it (0: none; writes may land out of order on unordered endpoints, as
+  // FI_EP_RDM's); next_ is the next one
+  // asked for; held_ the ones recv_slot handed out; freed_seq_ the slots
+  // free in order (the credits), freed_ the ones freed out of order.
+  std::vector<uint64_t> arrived_;
+  uint64_t next_ = 0, freed_seq_ = 0, credit_sent_ = 0;
+  std::deque<uint64_t> held_;
+  std::vector<bool> freed_;
+  bool header_checked_ = false;
+  bool cleared_ = false, payload_arrived_ = false;  // next_'s rendezvous
+  const char* cleared_dst_ = nullptr;
+  const MemoryRegion* dst_region_ = nullptr;
+  std::deque<uint64_t> pending_cts_;
+
+  RegistrationCache cache_;
+  std::string broken_;
+  bool out_of_step_ = false;
+  std::chrono::steady_clock::time_point last_watch_{};
+};
+
+}  // namespace
+
+RdmaWrites rdma_writes() {
+  return RdmaWrites{g_eager.load(), g_ready.load(), g_cts.load(), g_payload.load(),
+                    g_credit.load()};
+}
+
+std::unique_ptr<Connection> make_rdma_connection(std::unique_ptr<RdmaEndpoint> endpoint,
+                                                 Socket& control, const RdmaOptions& options,
+                                                 double timeout_s, const char* transport_name) {
+  return std::make_unique<RdmaConnection>(std::move(endpoint), control, options, timeout_s,
+                                          transport_name);
+}
+
+}  // namespace weft

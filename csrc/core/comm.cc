@@ -3,11 +3,14 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "core/algo/algorithms.h"
@@ -77,6 +80,16 @@ void send_abort_notice(Socket& control, char kind, const std::string& reason) {
   for (char& c : notice) c = (c == '\n' && &c != &notice.back()) ? ' ' : c;
   // Best effort: a peer that is gone cannot be told.
   (void)::send(control.fd(), notice.data(), notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+// The rank a timeout's message (the executor's: "... waiting to receive
+// from rank N: ...") says this rank waited for; -1 if it names none.
+int waited_rank(const std::string& timeout_message) {
+  const size_t waiting = timeout_message.find(" waiting to ");
+  if (waiting == std::string::npos) return -1;
+  const size_t at = timeout_message.find(" rank ", waiting);
+  if (at == std::string::npos) return -1;
+  return std::atoi(timeout_message.c_str() + at + 6);
 }
 
 // The kind and reason of `control`'s peer's abort notice, if it sent one.
@@ -523,6 +536,35 @@ void Communicator::abort(const std::string& reason) {
   fail("aborted by the user: " + reason, kUserAbort);
 }
 
+std::string Communicator::blame_chain(int peer) const {
+  // The ranks stalled behind a hung one time out at about the same time,
+  // each waiting for the next; each tells its peers whom it waited for
+  // (fail() sends that before this runs), so follow them to the end.
+  constexpr double kChainWaitS = 1.0;
+  const Deadline deadline(kChainWaitS);
+  std::vector<bool> seen(size_, false);
+  seen[rank_] = true;
+  std::string chain;
+  while (peer >= 0 && peer < size_ && !seen[peer]) {
+    seen[peer] = true;
+    std::optional<std::pair<char, std::string>> notice;
+    while (!(notice = abort_notice(mesh_->socket(peer, kControlSocket))) && !deadline.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const std::string who = "rank " + std::to_string(peer);
+    if (!notice) {
+      return chain.empty() ? "; " + who + " is hung or slow: it did not time out itself"
+                           : chain + ", which sent nothing: it is hung or slow";
+    }
+    if (notice->first != kTimedOut) return chain + "; " + who + " had aborted: " + notice->second;
+    peer = waited_rank(notice->second);
+    chain += chain.empty() ? "; " + who + " timed out too, waiting for rank "
+                           : ", which waited for rank ";
+    chain += std::to_string(peer);
+  }
+  return chain;
+}
+
 [[noreturn]] void Communicator::rethrow_explained(const PeerError& e) {
   // A peer that closed its connections may have aborted on an error of its
   // own: name it, with the class of its error (a timeout waiting for a hung
@@ -579,7 +621,7 @@ void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, con
     rethrow_explained(e);
   } catch (const TimeoutError& e) {
     fail(e.what(), kTimedOut);
-    throw;
+    throw TimeoutError(e.what() + blame_chain(waited_rank(e.what())));
   } catch (const Error& e) {
     fail(e.what(), kPeerFailed);
     throw;

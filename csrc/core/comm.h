@@ -165,6 +165,9 @@ class Communicator {
   std::string abort_reason() const;
   // Aborts this communicator; `kind` tells the peers what failed (comm.cc).
   void fail(const std::string& reason, char kind);
+  // After a wait on `peer` timed out: whom that peer waited for in turn, and
+  // so on, from their abort notices, to the rank that sent nothing.
+  std::string blame_chain(int peer) const;
   // Rethrows a lost peer's error with why that peer aborted, if it said.
   [[noreturn]] void rethrow_explained(const PeerError& e);
 

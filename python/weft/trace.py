@@ -43,6 +43,8 @@ class Op:
         return (self.name, self.count, self.dtype, self.reduce, self.root)
 
     def describe(self) -> str:
+        if self.name == "create":
+            return "the communicator's creation"
         what = f"{self.name} #{self.seq} ({self.count} {self.dtype}"
         if self.name in ("allreduce", "reduce", "reduce_scatter"):
             what += f", {self.reduce}"
@@ -137,13 +139,16 @@ def ranks(rs) -> str:
     return f"{word} " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
 
 
+def state(trace: RankTrace) -> str:
+    last = trace.last()
+    return f"{last.describe()}, {last.state}" if last else "no operation"
+
+
 def where(traces: dict[int, RankTrace], rs) -> str:
     """Where the ranks ``rs`` stopped: their last operations, grouped."""
     by_op: dict[str, list[int]] = {}
     for r in rs:
-        last = traces[r].last()
-        text = f"{last.describe()}, {last.state}" if last else "no operation"
-        by_op.setdefault(text, []).append(r)
+        by_op.setdefault(state(traces[r]), []).append(r)
     return "; ".join(f"{ranks(group)} in {text}" for text, group in by_op.items())
 
 
@@ -183,21 +188,9 @@ def first_difference(traces: dict[int, RankTrace]) -> str | None:
 
 
 def behind(traces: dict[int, RankTrace]) -> str | None:
-    """A rank the others waited for: one whose last call came before theirs, or the one that
-    timed-out ranks name."""
-    last_seq = {r: max(t.calls(), default=-1) for r, t in traces.items()}
-    front = max(last_seq.values())
-    late = [r for r, s in last_seq.items() if s < front]
-    if late and len(late) < len(traces):
-        ahead = [r for r in traces if r not in late]
-        stopped = {traces[r].signal for r in late if traces[r].signal}
-        by = f" (it was stopped by {', '.join(sorted(stopped))} there)" if stopped else ""
-        return (
-            f"{ranks(late)} is behind: {where(traces, late)}{by}, while {where(traces, ahead)}"
-            + waited(traces, ahead)
-        )
-    # A rank that timed out waiting for one that was itself waiting is no cause: the rank
-    # named that did not time out itself is.
+    """A rank the others waited for: the one that timed-out ranks name and that did not time
+    out itself (a stopped rank may even be ahead: its sends were buffered), else one whose last
+    call came before the others'."""
     named = Counter(
         t.waited_for()
         for t in traces.values()
@@ -206,17 +199,28 @@ def behind(traces: dict[int, RankTrace]) -> str | None:
     )
     if named:
         slow, _ = named.most_common(1)[0]
-        waiters = [r for r, t in traces.items() if t.waited_for() == slow]
+        waiters = [r for r, t in traces.items() if t.waited_for() == slow and r != slow]
         return (
             f"rank {slow} is behind (hung or slow): {ranks(waiters)} timed out in "
-            f"{traces[waiters[0]].last().describe()} waiting for it"
+            f"{traces[waiters[0]].last().describe()} waiting for it; it was in "
+            f"{state(traces[slow])}{stopped_by(traces, [slow])}"
+        )
+    last_seq = {r: max(t.calls(), default=-1) for r, t in traces.items()}
+    front = max(last_seq.values())
+    late = [r for r, s in last_seq.items() if s < front]
+    if late and len(late) < len(traces):
+        ahead = [r for r in traces if r not in late]
+        verb = "is" if len(late) == 1 else "are"
+        return (
+            f"{ranks(late)} {verb} behind: {where(traces, late)}{stopped_by(traces, late)}, "
+            f"while {where(traces, ahead)}"
         )
     return None
 
 
-def waited(traces: dict[int, RankTrace], rs) -> str:
-    timed = [r for r in rs if traces[r].timed_out()]
-    return f" ({ranks(timed)} timed out waiting)" if timed else ""
+def stopped_by(traces: dict[int, RankTrace], rs) -> str:
+    signals = {traces[r].signal for r in rs if traces[r].signal}
+    return f" (stopped by {', '.join(sorted(signals))} there)" if signals else ""
 
 
 def verdict_of(comm: str, traces: dict[int, RankTrace]) -> list[str]:

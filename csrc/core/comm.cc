@@ -245,7 +245,7 @@ CostModel Communicator::measure_cost_model(const ProbeEffort& effort) {
 
 RunPlan Communicator::tuning_runner(uint64_t seq) {
   return [this, seq](const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op) {
-    execute("tune", seq, plan, in, out, dtype, op, 0);
+    execute("tune", seq, plan, in, out, dtype, op, 0, 0);
   };
 }
 
@@ -478,7 +478,7 @@ const Plan& Communicator::cached_plan(const PlanKey& key, Algorithm a, DataType 
 }
 
 OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
-                                   ReduceOp op, size_t out_bytes) const {
+                                   ReduceOp op, size_t out_bytes, int root) const {
   const bool streaming = out_bytes >= config().streaming_bytes;
   // alltoall's and an outside Plan's output sizes are each rank's own (a
   // gather's root has more); their message lengths are checked.
@@ -494,7 +494,7 @@ OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& p
                    streaming,
                    slice_bytes_,
                    yielding_step_bytes_,
-                   op_signature(seq, name, plan.algorithm, dtype, op, agreed_bytes)};
+                   op_signature(seq, name, plan.algorithm, dtype, op, agreed_bytes, root)};
 }
 
 std::string Communicator::abort_reason() const {
@@ -588,7 +588,7 @@ std::string Communicator::blame_chain(int peer) const {
 }
 
 void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, const void* in,
-                           void* out, DataType dtype, ReduceOp op, size_t out_bytes) {
+                           void* out, DataType dtype, ReduceOp op, size_t out_bytes, int root) {
   WEFT_LOG_CALL(rank_, this,
                 name << ": " << to_string(dtype) << ", " << to_string(op) << ", " << out_bytes
                      << " bytes out, algorithm " << plan.algorithm << " (" << plan.steps.size()
@@ -613,7 +613,7 @@ void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, con
       ScratchPool::process().borrow(plan.scratch_count * element_size(dtype));
   OpBuffers buffers{in, out, scratch.data()};
   try {
-    executor_->run(plan, buffers, op_context(name, seq, plan, dtype, op, out_bytes));
+    executor_->run(plan, buffers, op_context(name, seq, plan, dtype, op, out_bytes, root));
   } catch (const OutOfStepError& e) {
     fail(e.what(), kPeerFailed);
     throw;
@@ -669,7 +669,7 @@ void Communicator::agree_on_call(uint64_t seq, const char* name, DataType dtype,
   // Plan and signature, so the calls arrive even where they differ.
   const PlanKey key{Collective::Allgather, sizeof(Call), 1, 0, false, false};
   execute("check", seq, cached_plan(key, Algorithm::Ring, DataType::UInt8), &mine, all.data(),
-          DataType::UInt8, ReduceOp::Sum, all.size() * sizeof(Call));
+          DataType::UInt8, ReduceOp::Sum, all.size() * sizeof(Call), 0);
   if (std::all_of(all.begin(), all.end(), [&](const Call& c) { return c == all[0]; })) return;
   std::string listing;
   for (int r = 0; r < size_; ++r) {
@@ -712,7 +712,7 @@ std::shared_ptr<Work> Communicator::submit(const char* name, const void* in, voi
       [=](uint64_t seq, Work&) {
         recorded(seq, name, dtype, op, count, root, [&] {
           check_usable();
-          execute(name, seq, make(), in, out, dtype, op, out_bytes);
+          execute(name, seq, make(), in, out, dtype, op, out_bytes, root);
         });
       },
       async);
@@ -741,11 +741,11 @@ void Communicator::run_chosen(const char* name, uint64_t seq, const PlanKey& key
               : FamilyTrials::Turn{choice(c, bytes, in_place).algorithm, false};
   const Plan& plan = cached_plan(key, turn.algorithm, dtype);
   if (!turn.trial) {  // decided, or nothing is tried: nothing to time
-    execute(name, seq, plan, in, out, dtype, op, out_bytes);
+    execute(name, seq, plan, in, out, dtype, op, out_bytes, std::get<3>(key));
     return;
   }
   const double start = now_s();
-  execute(name, seq, plan, in, out, dtype, op, out_bytes);
+  execute(name, seq, plan, in, out, dtype, op, out_bytes, std::get<3>(key));
   trials_->record(c, bytes, in_place, now_s() - start, [&](const std::vector<double>& mine) {
     return max_over_ranks(tuning_runner(seq), rank_, size_, mine);
   });

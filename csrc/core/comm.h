@@ -156,10 +156,12 @@ class Communicator {
   // submit_chosen's operation, on the queue's thread.
   void run_chosen(const char* name, uint64_t seq, const PlanKey& key, const void* in, void* out,
                   DataType dtype, ReduceOp op, size_t out_bytes);
+  // `root`: the caller's (0 where the collective has none); in the
+  // messages' signature, so that ranks given different roots fail.
   void execute(const char* name, uint64_t seq, const Plan& plan, const void* in, void* out,
-               DataType dtype, ReduceOp op, size_t out_bytes);
+               DataType dtype, ReduceOp op, size_t out_bytes, int root);
   OpContext op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
-                       ReduceOp op, size_t out_bytes) const;
+                       ReduceOp op, size_t out_bytes, int root) const;
   void check_usable() const;
   // Why this communicator was aborted; empty while it is not.
   std::string abort_reason() const;

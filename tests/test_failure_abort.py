@@ -4,7 +4,7 @@ the rank that aborted and on its peers; a new communicator then computes the rig
 no thread, file descriptor or /dev/shm segment accumulates over the rounds.
 
 Even rounds abort on every rank, odd rounds on one rank only. ABORT_ROUNDS sets the number of
-rounds (CI: 8; the promise is checked with 200)."""
+rounds (CI: 8; the promise is of 200: ABORT_ROUNDS=200)."""
 
 from __future__ import annotations
 

@@ -75,6 +75,13 @@ EXPECTED = {
 
 
 def verdict(directory) -> str:
+    """The verdict, read in this process (the command line is tested below)."""
+    from weft.trace import verdict as read_verdict
+
+    return "\n".join(read_verdict(directory))
+
+
+def verdict_from_command_line(directory) -> str:
     run = subprocess.run(
         [sys.executable, "-m", "weft.trace", str(directory)],
         capture_output=True,
@@ -121,7 +128,8 @@ def test_every_rank_is_listed_with_its_error(traced, tmp_path):
     trace_dir, _ = traced
     for path in trace_dir.glob("case-behind.rank*.weft-trace"):
         shutil.copy(path, tmp_path)
-    lines = verdict(tmp_path).splitlines()
+    lines = verdict_from_command_line(tmp_path).splitlines()
+    assert re.search(EXPECTED["behind"], lines[0]), lines
     for rank in range(4):
         assert any(line.startswith(f"  rank {rank}: ") for line in lines), lines
     assert any("nothing arrived for" in line for line in lines), lines

@@ -195,13 +195,16 @@ void Communicator::connect(Store& store, const std::string& name) {
     for (const auto& c : conns) out.push_back(c.get());
     return out;
   };
-  // Control sockets carry nothing after setup and are never shut down on
-  // purpose, so one that closed means the peer's process is gone.
+  // Control sockets carry nothing after setup but abort notices and are
+  // never shut down on purpose, so one that closed without a notice means
+  // the peer's process is gone (one with a notice aborted, then maybe exited).
   executor_ = std::make_unique<Executor>(
       raw(collective_conns_),
       [this] {
         for (int p = 0; p < size_; ++p) {
-          if (p != rank_ && mesh_->socket(p, kControlSocket).peer_closed()) return p;
+          if (p == rank_) continue;
+          const Socket& control = mesh_->socket(p, kControlSocket);
+          if (control.peer_closed() && !abort_notice(control)) return p;
         }
         return -1;
       },
@@ -576,6 +579,11 @@ std::string Communicator::blame_chain(int peer) const {
       continue;
     }
     if (auto notice = abort_notice(mesh_->socket(p, kControlSocket))) {
+      // The transport saw the process leave after it aborted: that is no death.
+      const std::string gone = "peer process is gone";
+      if (const size_t at = why.find(gone); at != std::string::npos) {
+        why.replace(at, gone.size(), "it aborted and left");
+      }
       why += "; rank " + std::to_string(p) + " had aborted: " + notice->second;
       kind = notice->first;
     }

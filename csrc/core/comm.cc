@@ -1,11 +1,17 @@
 #include "core/comm.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "core/algo/algorithms.h"
 #include "core/algo/validate.h"
@@ -62,6 +68,41 @@ void check_apart(const char* what, const void* in, size_t in_bytes, const void* 
                         (in_place_at ? " (or the in-place form: see docs/core-api.md)" : ""));
 }
 
+// Before a rank shuts its connections down on an error it tells every peer
+// why, on the control sockets (which carry nothing else after setup): a kind
+// letter, the reason and a newline. Peers read it without consuming it, so
+// that Socket::peer_closed() still sees data there and does not mistake a
+// rank that aborted and exited for one whose process died.
+constexpr char kTimedOut = 'T', kPeerFailed = 'P', kUserAbort = 'A';
+constexpr size_t kMostNoticeBytes = 1024;
+
+void send_abort_notice(Socket& control, char kind, const std::string& reason) {
+  std::string notice = kind + reason.substr(0, kMostNoticeBytes - 2) + "\n";
+  for (char& c : notice) c = (c == '\n' && &c != &notice.back()) ? ' ' : c;
+  // Best effort: a peer that is gone cannot be told.
+  (void)::send(control.fd(), notice.data(), notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+// The rank a timeout's message (the executor's: "... waiting to receive
+// from rank N: ...") says this rank waited for; -1 if it names none.
+int waited_rank(const std::string& timeout_message) {
+  const size_t waiting = timeout_message.find(" waiting to ");
+  if (waiting == std::string::npos) return -1;
+  const size_t at = timeout_message.find(" rank ", waiting);
+  if (at == std::string::npos) return -1;
+  return std::atoi(timeout_message.c_str() + at + 6);
+}
+
+// The kind and reason of `control`'s peer's abort notice, if it sent one.
+std::optional<std::pair<char, std::string>> abort_notice(const Socket& control) {
+  char buf[kMostNoticeBytes];
+  const ssize_t n = ::recv(control.fd(), buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  if (n < 2) return std::nullopt;
+  const char* end = static_cast<const char*>(std::memchr(buf, '\n', n));
+  if (end == nullptr) return std::nullopt;
+  return std::make_pair(buf[0], std::string(static_cast<const char*>(buf) + 1, end));
+}
+
 }  // namespace
 
 Communicator::Communicator(Store& store, int rank, int size, const std::string& name,
@@ -69,7 +110,8 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
     : rank_(rank),
       size_(size),
       channels_(channels > 0 ? channels : config().channels),
-      timeout_s_(timeout_s > 0 ? timeout_s : config().timeout_s) {
+      timeout_s_(timeout_s > 0 ? timeout_s : config().timeout_s),
+      recorder_(name, rank, size) {
   if (channels < 0 || channels > 16) {
     throw InvalidArgument("channels=" + std::to_string(channels) +
                           ": give 1 to 16 connection sets per peer (0 takes WEFT_CHANNELS)");
@@ -87,7 +129,22 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
     throw InvalidArgument("rank " + std::to_string(rank) + " is outside the world of size " +
                           std::to_string(size));
   }
-  connect(store, name);
+  recorder_.issued(0, "create", DataType::UInt8, ReduceOp::Sum, size, 0);
+  try {
+    connect(store, name);
+  } catch (const Error& e) {
+    recorder_.ended(false);
+    recorder_.dump(e.what());
+    // A peer lost or late while the world forms: say that it was creation.
+    const std::string what = "creating communicator '" + name + "' (rank " + std::to_string(rank) +
+                             " of " + std::to_string(size) + "): " + e.what();
+    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what);
+    if (dynamic_cast<const PeerError*>(&e) && !dynamic_cast<const OutOfStepError*>(&e)) {
+      throw PeerError(what);
+    }
+    throw;
+  }
+  recorder_.ended(true);
 }
 
 Communicator::~Communicator() = default;
@@ -154,21 +211,25 @@ void Communicator::connect(Store& store, const std::string& name) {
     for (const auto& c : conns) out.push_back(c.get());
     return out;
   };
-  // Control sockets carry nothing after setup and are never shut down on
-  // purpose, so one that closed means the peer's process is gone.
+  // Control sockets carry nothing after setup but abort notices and are
+  // never shut down on purpose, so one that closed without a notice means
+  // the peer's process is gone (one with a notice aborted, then maybe exited).
   std::vector<std::vector<Connection*>> by_tag;
   for (const auto& set : collective_conns_) by_tag.push_back(raw(set));
   executor_ = std::make_unique<Executor>(
       std::move(by_tag),
       [this] {
         for (int p = 0; p < size_; ++p) {
-          if (p != rank_ && mesh_->socket(p, kControlSocket).peer_closed()) return p;
+          if (p == rank_) continue;
+          const Socket& control = mesh_->socket(p, kControlSocket);
+          if (control.peer_closed() && !abort_notice(control)) return p;
         }
         return -1;
       },
       [this] { return abort_reason(); });
-  p2p_ = std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s(),
-                                     [this](const std::string& error) { fail(error); });
+  p2p_ =
+      std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s(),
+                                  [this](const std::string& error) { fail(error, kPeerFailed); });
   cost_model_ = tuned_cost_model();
   if (forced_algorithm_ == Algorithm::Auto && config().tune != "off") {
     trials_ = std::make_unique<FamilyTrials>(topology_, cost_model_, rank_);
@@ -194,8 +255,10 @@ CostModel Communicator::measure_cost_model(const ProbeEffort& effort) {
   CostModel model;
   queue_.submit(
       [&](uint64_t seq, Work&) {
-        check_usable();
-        model = probe(effort, seq);
+        recorded(seq, "measure_cost_model", DataType::Float32, ReduceOp::Sum, 0, 0, [&] {
+          check_usable();
+          model = probe(effort, seq);
+        });
       },
       false);
   return model;
@@ -203,7 +266,7 @@ CostModel Communicator::measure_cost_model(const ProbeEffort& effort) {
 
 RunPlan Communicator::tuning_runner(uint64_t seq) {
   return [this, seq](const Plan& plan, const void* in, void* out, DataType dtype, ReduceOp op) {
-    execute("tune", seq, plan, in, out, dtype, op, 0);
+    execute("tune", seq, plan, in, out, dtype, op, 0, 0);
   };
 }
 
@@ -440,7 +503,7 @@ const Plan& Communicator::cached_plan(const PlanKey& key, Algorithm a, DataType 
 }
 
 OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
-                                   ReduceOp op, size_t out_bytes) const {
+                                   ReduceOp op, size_t out_bytes, int root) const {
   const bool streaming = out_bytes >= config().streaming_bytes;
   // alltoall's and an outside Plan's output sizes are each rank's own (a
   // gather's root has more); their message lengths are checked.
@@ -456,7 +519,7 @@ OpContext Communicator::op_context(const char* name, uint64_t seq, const Plan& p
                    streaming,
                    slice_bytes_,
                    yielding_step_bytes_,
-                   op_signature(seq, name, plan.algorithm, dtype, op, agreed_bytes)};
+                   op_signature(seq, name, plan.algorithm, dtype, op, agreed_bytes, root)};
 }
 
 std::string Communicator::abort_reason() const {
@@ -474,12 +537,17 @@ void Communicator::check_usable() const {
       why);
 }
 
-void Communicator::fail(const std::string& reason) {
+void Communicator::fail(const std::string& reason, char kind) {
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_.load()) return;
     abort_reason_ = reason;
     aborted_.store(true, std::memory_order_release);
+  }
+  if (mesh_) {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) send_abort_notice(mesh_->socket(p, kControlSocket), kind, reason);
+    }
   }
   if (p2p_) p2p_->fail_all(std::make_exception_ptr(AbortedError(reason)));
   for (auto& set : collective_conns_) {
@@ -492,34 +560,193 @@ void Communicator::fail(const std::string& reason) {
   }
 }
 
-void Communicator::abort(const std::string& reason) { fail("aborted by the user: " + reason); }
+void Communicator::abort(const std::string& reason) {
+  fail("aborted by the user: " + reason, kUserAbort);
+}
+
+std::string Communicator::blame_chain(int peer) const {
+  // The ranks stalled behind a hung one time out at about the same time,
+  // each waiting for the next; each tells its peers whom it waited for
+  // (fail() sends that before this runs), so follow them to the end.
+  constexpr double kChainWaitS = 1.0;
+  const Deadline deadline(kChainWaitS);
+  std::vector<bool> seen(size_, false);
+  seen[rank_] = true;
+  std::string chain;
+  while (peer >= 0 && peer < size_ && !seen[peer]) {
+    seen[peer] = true;
+    std::optional<std::pair<char, std::string>> notice;
+    while (!(notice = abort_notice(mesh_->socket(peer, kControlSocket))) && !deadline.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const std::string who = "rank " + std::to_string(peer);
+    if (!notice) {
+      return chain.empty() ? "; " + who + " is hung or slow: it did not time out itself"
+                           : chain + ", which sent nothing: it is hung or slow";
+    }
+    if (notice->first != kTimedOut) return chain + "; " + who + " had aborted: " + notice->second;
+    peer = waited_rank(notice->second);
+    chain += chain.empty() ? "; " + who + " timed out too, waiting for rank "
+                           : ", which waited for rank ";
+    chain += std::to_string(peer);
+  }
+  return chain;
+}
+
+[[noreturn]] void Communicator::rethrow_explained(const PeerError& e) {
+  // A peer that closed its connections may have aborted on an error of its
+  // own: name it, with the class of its error (a timeout waiting for a hung
+  // rank surfaces as a timeout on every rank).
+  std::string why = e.what();
+  char kind = kPeerFailed;
+  for (int p = 0; p < size_ && mesh_; ++p) {
+    if (p == rank_ || why.find("lost rank " + std::to_string(p) + ":") == std::string::npos) {
+      continue;
+    }
+    if (auto notice = abort_notice(mesh_->socket(p, kControlSocket))) {
+      // The transport saw the process leave after it aborted: that is no death.
+      const std::string gone = "peer process is gone";
+      if (const size_t at = why.find(gone); at != std::string::npos) {
+        why.replace(at, gone.size(), "it aborted and left");
+      }
+      why += "; rank " + std::to_string(p) + " had aborted: " + notice->second;
+      kind = notice->first;
+    }
+    break;
+  }
+  fail(why, kind);
+  if (kind == kTimedOut) throw TimeoutError(why);
+  if (kind == kUserAbort) throw AbortedError(why);
+  throw PeerError(why);
+}
 
 void Communicator::execute(const char* name, uint64_t seq, const Plan& plan, const void* in,
-                           void* out, DataType dtype, ReduceOp op, size_t out_bytes) {
+                           void* out, DataType dtype, ReduceOp op, size_t out_bytes, int root) {
   WEFT_LOG_CALL(rank_, this,
                 name << ": " << to_string(dtype) << ", " << to_string(op) << ", " << out_bytes
                      << " bytes out, algorithm " << plan.algorithm << " (" << plan.steps.size()
                      << " steps)");
+  // The tuner's and WEFT_DEBUG_CHECKS' Plans run inside the operation they
+  // time or check: the entry is the operation's.
+  if (std::strcmp(name, "tune") != 0 && std::strcmp(name, "check") != 0) {
+    int peers[FlightRecorder::kMostPeers];
+    int count = 0;
+    for (const Step& s : plan.steps) {
+      for (int peer : {s.recv_peer, s.send_peer}) {
+        if (peer >= 0 && count < FlightRecorder::kMostPeers &&
+            std::find(peers, peers + count, peer) == peers + count) {
+          peers[count++] = peer;
+        }
+      }
+      if (count == FlightRecorder::kMostPeers) break;
+    }
+    recorder_.running(plan.algorithm, peers, count);
+  }
   const ScratchPool::Lease scratch =
       ScratchPool::process().borrow(plan.scratch_count * element_size(dtype));
   OpBuffers buffers{in, out, scratch.data()};
   try {
-    executor_->run(plan, buffers, op_context(name, seq, plan, dtype, op, out_bytes));
+    executor_->run(plan, buffers, op_context(name, seq, plan, dtype, op, out_bytes, root));
+  } catch (const OutOfStepError& e) {
+    fail(e.what(), kPeerFailed);
+    throw;
+  } catch (const PeerError& e) {
+    rethrow_explained(e);
+  } catch (const TimeoutError& e) {
+    fail(e.what(), kTimedOut);
+    throw TimeoutError(e.what() + blame_chain(waited_rank(e.what())));
   } catch (const Error& e) {
-    fail(e.what());
+    fail(e.what(), kPeerFailed);
     throw;
   }
 }
 
+namespace {
+
+// One rank's call, as WEFT_DEBUG_CHECKS compares it across ranks.
+struct Call {
+  char op[24];
+  uint64_t seq;
+  uint64_t count;
+  int32_t root;
+  DataType dtype;
+  ReduceOp reduce;
+  bool own_counts;  // alltoall's and outside Plans' counts are each rank's own
+
+  bool operator==(const Call& o) const {
+    return std::strcmp(op, o.op) == 0 && seq == o.seq && root == o.root && dtype == o.dtype &&
+           reduce == o.reduce && (own_counts || count == o.count);
+  }
+};
+
+std::string describe(const Call& c) {
+  return std::string(c.op) + "(count=" + std::to_string(c.count) + ", dtype=" + to_string(c.dtype) +
+         ", op=" + to_string(c.reduce) + ", root=" + std::to_string(c.root) +
+         ", seq=" + std::to_string(c.seq) + ")";
+}
+
+}  // namespace
+
+void Communicator::agree_on_call(uint64_t seq, const char* name, DataType dtype, ReduceOp op,
+                                 size_t count, int root) {
+  Call mine{};
+  std::strncpy(mine.op, name, sizeof(mine.op) - 1);
+  mine.seq = seq;
+  mine.count = count;
+  mine.root = root;
+  mine.dtype = dtype;
+  mine.reduce = op;
+  mine.own_counts = std::strcmp(name, "alltoall") == 0 || std::strcmp(name, "plan") == 0;
+  std::vector<Call> all(size_);
+  // Every rank runs the same check whatever it was called for: the same
+  // Plan and signature, so the calls arrive even where they differ.
+  const PlanKey key{Collective::Allgather, sizeof(Call), 1, 0, false, false};
+  execute("check", seq, cached_plan(key, Algorithm::Ring, DataType::UInt8), &mine, all.data(),
+          DataType::UInt8, ReduceOp::Sum, all.size() * sizeof(Call), 0);
+  if (std::all_of(all.begin(), all.end(), [&](const Call& c) { return c == all[0]; })) return;
+  std::string listing;
+  for (int r = 0; r < size_; ++r) {
+    listing += "\n  rank " + std::to_string(r) + ": " + describe(all[r]) +
+               (all[r] == mine ? "" : "  <- differs from this rank");
+  }
+  throw OutOfStepError(
+      "ranks out of step (WEFT_DEBUG_CHECKS): the ranks called different "
+      "collectives as operation #" +
+      std::to_string(seq) +
+      "; make every rank issue the same calls in the "
+      "same order:" +
+      listing);
+}
+
+template <typename Body>
+void Communicator::recorded(uint64_t seq, const char* name, DataType dtype, ReduceOp op,
+                            size_t count, int root, Body body) {
+  recorder_.issued(seq, name, dtype, op, count, root);
+  try {
+    if (config().debug_checks) {
+      check_usable();
+      agree_on_call(seq, name, dtype, op, count, root);
+    }
+    body();
+  } catch (const Error& e) {
+    recorder_.ended(false);
+    recorder_.dump(e.what());
+    throw;
+  }
+  recorder_.ended(true);
+}
+
 template <typename MakePlan>
 std::shared_ptr<Work> Communicator::submit(const char* name, const void* in, void* out,
-                                           DataType dtype, ReduceOp op, size_t out_bytes,
-                                           bool async, MakePlan make) {
+                                           DataType dtype, ReduceOp op, size_t count, int root,
+                                           size_t out_bytes, bool async, MakePlan make) {
   check_usable();
   return queue_.submit(
       [=](uint64_t seq, Work&) {
-        check_usable();
-        execute(name, seq, make(), in, out, dtype, op, out_bytes);
+        recorded(seq, name, dtype, op, count, root, [&] {
+          check_usable();
+          execute(name, seq, make(), in, out, dtype, op, out_bytes, root);
+        });
       },
       async);
 }
@@ -548,31 +775,37 @@ std::shared_ptr<Work> Communicator::submit_chosen(const char* name, const PlanKe
       algo::validate(*outside, rank_, size_, in_count, out_count, elem_size,
                      executor_->channel_tags());
       auto shared = std::make_shared<Plan>(std::move(*outside));
-      return submit(name, in, out, dtype, op, out_bytes, async,
+      return submit(name, in, out, dtype, op, count, root, out_bytes, async,
                     [shared]() -> const Plan& { return *shared; });
     }
   }
   return queue_.submit(
       [=](uint64_t seq, Work&) {
-        check_usable();
-        const Collective c = std::get<0>(key);
-        const size_t bytes = std::get<1>(key) * std::get<2>(key);
-        const bool in_place = std::get<4>(key);
-        const FamilyTrials::Turn turn =
-            trials_ ? trials_->next(c, bytes, in_place)
-                    : FamilyTrials::Turn{choice(c, bytes, in_place).algorithm, false};
-        const Plan& plan = cached_plan(key, turn.algorithm, dtype);
-        if (!turn.trial) {  // decided, or nothing is tried: nothing to time
-          execute(name, seq, plan, in, out, dtype, op, out_bytes);
-          return;
-        }
-        const double start = now_s();
-        execute(name, seq, plan, in, out, dtype, op, out_bytes);
-        trials_->record(c, bytes, in_place, now_s() - start, [&](const std::vector<double>& mine) {
-          return max_over_ranks(tuning_runner(seq), rank_, size_, mine);
-        });
+        recorded(seq, name, dtype, op, std::get<1>(key), std::get<3>(key),
+                 [&] { run_chosen(name, seq, key, in, out, dtype, op, out_bytes); });
       },
       async);
+}
+
+void Communicator::run_chosen(const char* name, uint64_t seq, const PlanKey& key, const void* in,
+                              void* out, DataType dtype, ReduceOp op, size_t out_bytes) {
+  check_usable();
+  const Collective c = std::get<0>(key);
+  const size_t bytes = std::get<1>(key) * std::get<2>(key);
+  const bool in_place = std::get<4>(key);
+  const FamilyTrials::Turn turn =
+      trials_ ? trials_->next(c, bytes, in_place)
+              : FamilyTrials::Turn{choice(c, bytes, in_place).algorithm, false};
+  const Plan& plan = cached_plan(key, turn.algorithm, dtype);
+  if (!turn.trial) {  // decided, or nothing is tried: nothing to time
+    execute(name, seq, plan, in, out, dtype, op, out_bytes, std::get<3>(key));
+    return;
+  }
+  const double start = now_s();
+  execute(name, seq, plan, in, out, dtype, op, out_bytes, std::get<3>(key));
+  trials_->record(c, bytes, in_place, now_s() - start, [&](const std::vector<double>& mine) {
+    return max_over_ranks(tuning_runner(seq), rank_, size_, mine);
+  });
 }
 
 void Communicator::check_root(int root, const char* what) const {
@@ -638,7 +871,7 @@ std::shared_ptr<Work> Communicator::reduce(const void* in, void* out, size_t cou
 std::shared_ptr<Work> Communicator::barrier(bool async) {
   PlanKey key{Collective::Barrier, 0, 1, 0, true, false};
   return submit(
-      "barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0, async,
+      "barrier", &barrier_byte_, &barrier_byte_, DataType::UInt8, ReduceOp::Sum, 0, 0, 0, async,
       [this, key]() -> const Plan& { return cached_plan(key, Algorithm::Auto, DataType::UInt8); });
 }
 
@@ -662,8 +895,8 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
               std::nullopt);
   auto plan = std::make_shared<Plan>(
       algo::pairwise_alltoall(plan_context(dtype), send_counts, recv_counts));
-  return submit("alltoall", in, out, dtype, ReduceOp::Sum, out_count * element_size(dtype), async,
-                [plan]() -> const Plan& { return *plan; });
+  return submit("alltoall", in, out, dtype, ReduceOp::Sum, in_count, 0,
+                out_count * element_size(dtype), async, [plan]() -> const Plan& { return *plan; });
 }
 
 std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType dtype,
@@ -672,7 +905,7 @@ std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t cou
   const size_t bytes = count * element_size(dtype);
   check_apart("gather", in, bytes, out, rank_ == root ? size_ * bytes : 0, std::nullopt);
   auto plan = std::make_shared<Plan>(algo::direct_gather(plan_context(dtype), count, root));
-  return submit("gather", in, out, dtype, ReduceOp::Sum, size_ * bytes, async,
+  return submit("gather", in, out, dtype, ReduceOp::Sum, count, root, size_ * bytes, async,
                 [plan]() -> const Plan& { return *plan; });
 }
 
@@ -682,7 +915,7 @@ std::shared_ptr<Work> Communicator::scatter(const void* in, void* out, size_t co
   const size_t bytes = count * element_size(dtype);
   check_apart("scatter", in, rank_ == root ? size_ * bytes : 0, out, bytes, std::nullopt);
   auto plan = std::make_shared<Plan>(algo::direct_scatter(plan_context(dtype), count, root));
-  return submit("scatter", in, out, dtype, ReduceOp::Sum, bytes, async,
+  return submit("scatter", in, out, dtype, ReduceOp::Sum, count, root, bytes, async,
                 [plan]() -> const Plan& { return *plan; });
 }
 
@@ -692,7 +925,7 @@ std::shared_ptr<Work> Communicator::run_plan(Plan plan, const void* in, size_t i
   algo::validate(plan, rank_, size_, in_count, out_count, element_size(dtype),
                  executor_->channel_tags());
   auto shared = std::make_shared<Plan>(std::move(plan));
-  return submit("plan", in, out, dtype, op, out_count * element_size(dtype), async,
+  return submit("plan", in, out, dtype, op, out_count, 0, out_count * element_size(dtype), async,
                 [shared]() -> const Plan& { return *shared; });
 }
 

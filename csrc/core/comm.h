@@ -21,6 +21,8 @@
 #include "core/algo/plan.h"
 #include "core/bootstrap/mesh.h"
 #include "core/bootstrap/store.h"
+#include "core/common/error.h"
+#include "core/common/flight_recorder.h"
 #include "core/common/types.h"
 #include "core/exec/executor.h"
 #include "core/exec/op_queue.h"
@@ -159,28 +161,51 @@ class Communicator {
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what, bool allow_any) const;
 
+  // Runs `body` as operation `seq` in the flight recorder: what the caller
+  // asked for (count and root as the caller gave them), and whether it
+  // failed; with WEFT_DEBUG_CHECKS, after the ranks agreed on the call.
+  template <typename Body>
+  void recorded(uint64_t seq, const char* name, DataType dtype, ReduceOp op, size_t count, int root,
+                Body body);
+  // WEFT_DEBUG_CHECKS: every rank's call of operation `seq`, gathered from
+  // all; throws OutOfStepError listing them where they differ.
+  void agree_on_call(uint64_t seq, const char* name, DataType dtype, ReduceOp op, size_t count,
+                     int root);
   // Queues a collective; `make` builds its Plan when it runs.
   template <typename MakePlan>
   std::shared_ptr<Work> submit(const char* name, const void* in, void* out, DataType dtype,
-                               ReduceOp op, size_t out_bytes, bool async, MakePlan make);
+                               ReduceOp op, size_t count, int root, size_t out_bytes, bool async,
+                               MakePlan make);
   // Queues a collective whose family is chosen per call: by the trials
   // while they run (timing the call for them), then by what they chose.
   std::shared_ptr<Work> submit_chosen(const char* name, const PlanKey& key, const void* in,
                                       void* out, DataType dtype, ReduceOp op, size_t out_bytes,
                                       bool async);
+  // submit_chosen's operation, on the queue's thread.
+  void run_chosen(const char* name, uint64_t seq, const PlanKey& key, const void* in, void* out,
+                  DataType dtype, ReduceOp op, size_t out_bytes);
+  // `root`: the caller's (0 where the collective has none); in the
+  // messages' signature, so that ranks given different roots fail.
   void execute(const char* name, uint64_t seq, const Plan& plan, const void* in, void* out,
-               DataType dtype, ReduceOp op, size_t out_bytes);
+               DataType dtype, ReduceOp op, size_t out_bytes, int root);
   OpContext op_context(const char* name, uint64_t seq, const Plan& plan, DataType dtype,
-                       ReduceOp op, size_t out_bytes) const;
+                       ReduceOp op, size_t out_bytes, int root) const;
   void check_usable() const;
   // Why this communicator was aborted; empty while it is not.
   std::string abort_reason() const;
-  void fail(const std::string& reason);
+  // Aborts this communicator; `kind` tells the peers what failed (comm.cc).
+  void fail(const std::string& reason, char kind);
+  // After a wait on `peer` timed out: whom that peer waited for in turn, and
+  // so on, from their abort notices, to the rank that sent nothing.
+  std::string blame_chain(int peer) const;
+  // Rethrows a lost peer's error with why that peer aborted, if it said.
+  [[noreturn]] void rethrow_explained(const PeerError& e);
 
   const int rank_;
   const int size_;
   const int channels_;  // connection sets per peer for collectives
   std::atomic<double> timeout_s_;
+  FlightRecorder recorder_;
   // Message and step sizes every rank derives alike from the transports in
   // use anywhere in the world, so that all ranks build matching Plans.
   size_t slice_bytes_ = 0;

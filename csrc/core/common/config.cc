@@ -120,6 +120,12 @@ Config parse() {
   c.nccl_step_bytes = env_long("WEFT_NCCL_STEP_BYTES", c.nccl_step_bytes);
   c.cpu_placement =
       env_choice("WEFT_CPU_PLACEMENT", c.cpu_placement, {{"auto", true}, {"off", false}});
+  if (const char* dir = env("WEFT_TRACE_DIR")) c.trace_dir = dir;
+  // torch's own switch for checking collectives across ranks turns ours on too.
+  const char* torch_debug = env("TORCH_DISTRIBUTED_DEBUG");
+  c.debug_checks =
+      env_choice("WEFT_DEBUG_CHECKS", torch_debug && std::string(torch_debug) == "DETAIL",
+                 {{"0", false}, {"1", true}});
   return c;
 }
 

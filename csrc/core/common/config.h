@@ -44,6 +44,8 @@ struct Config {
   NcclMode nccl_mode = NcclMode::Native;   // WEFT_NCCL_MODE=native|plans
   size_t nccl_step_bytes = 4 << 20;        // WEFT_NCCL_STEP_BYTES: largest step of nccl plans
   bool cpu_placement = true;  // WEFT_CPU_PLACEMENT=auto|off: ranks may move between CPUs
+  std::string trace_dir;      // WEFT_TRACE_DIR: where the flight recorder writes on failure
+  bool debug_checks = false;  // WEFT_DEBUG_CHECKS=1: ranks compare each collective's call first
 };
 
 // The process-wide configuration, parsed from the environment on first use.

@@ -32,11 +32,12 @@ constexpr const char* kRule =
 }  // namespace
 
 uint64_t op_signature(uint64_t seq, const char* collective, const std::string& algorithm,
-                      DataType dtype, ReduceOp op, size_t agreed_bytes) {
+                      DataType dtype, ReduceOp op, size_t agreed_bytes, int root) {
   uint64_t h = mix(0xcbf29ce484222325ull, collective, std::strlen(collective));
   h = mix(h, algorithm.data(), algorithm.size());
   h = mix(h, static_cast<uint64_t>(dtype) << 8 | static_cast<uint64_t>(op));
   h = mix(h, agreed_bytes);
+  h = mix(h, static_cast<uint64_t>(root));
   const uint32_t low = static_cast<uint32_t>(h ^ h >> 32);
   return (seq + 1) << 32 | low;  // never 0, the tag of traffic outside operations
 }

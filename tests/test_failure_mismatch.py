@@ -1,0 +1,150 @@
+"""Ranks that call different collectives (docs/failures.md#mismatched-calls), world size 4.
+
+With WEFT_DEBUG_CHECKS=1 every rank raises within 2 s an error listing each rank's (op, count,
+dtype, root, sequence number), and the communicator stays usable. In the default mode every
+mismatch (count 1000 against 1001, dtype, op, root, order), at a size of one message and of
+many, over every algorithm family, ends in an error or in the right bytes: never a success
+with wrong bytes."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+from weft_proc import Ranks, outcome
+
+ODD = 2  # the rank whose call differs
+DEBUG_BOUND_S = 2.0
+DEFAULT_TIMEOUT_S = 3.0
+SMALL, LARGE = 1000, 300_000  # elements: one message, and many (slots are 256 KiB)
+
+
+def calls(comm, case: str, count: int, odd: bool):
+    """(call, check) pairs of one rank: ``check(results)`` says whether the bytes it ended
+    with are right for the call it made, where that call succeeded."""
+    size, rank = comm.size, comm.rank
+    total = size * (size + 1) / 2
+    if case == "count":
+        buf = np.full(count + 1 if odd else count, rank + 1, np.float32)
+        return [(lambda: comm.allreduce(buf), lambda: np.all(buf == total))]
+    if case == "dtype":
+        buf = np.full(count, rank + 1, np.int32 if odd else np.float32)
+        return [(lambda: comm.allreduce(buf), lambda: np.all(buf == total))]
+    if case == "op":
+        buf = np.full(count, rank + 1, np.float32)
+        if odd:
+            return [(lambda: comm.broadcast(buf, root=0), lambda: np.all(buf == 1))]
+        return [(lambda: comm.allreduce(buf), lambda: np.all(buf == total))]
+    if case == "root":
+        buf = np.full(count, rank + 1, np.float32)
+        root = 1 if odd else 0
+        return [(lambda: comm.broadcast(buf, root=root), lambda: np.all(buf == root + 1))]
+    # order: two asynchronous calls, issued in the other order on the odd rank
+    a = np.full(count, rank + 1, np.float32)
+    a_in = a.copy()  # the allgather's input, kept alive until it completes
+    g = np.zeros(count * size, np.float32)
+    gathered = np.repeat(np.arange(1, size + 1, dtype=np.float32), count)
+    pair = [
+        (lambda: comm.allreduce(a, async_=True), lambda: np.all(a == total)),
+        (lambda: comm.allgather(a_in, out=g, async_=True), lambda: np.all(g == gathered)),
+    ]
+    return pair[::-1] if odd else pair
+
+
+CASES = ("count", "dtype", "op", "root", "order")
+
+
+def run_calls(made) -> list[dict]:
+    """Issues every call, then waits for each; what each raised, and whether its bytes are
+    right where it succeeded."""
+    infos = []
+    handles = [outcome(call) for call, _ in made]
+    for info, (_, check) in zip(handles, made, strict=True):
+        if info["raised"] is None and hasattr(info["value"], "wait"):
+            waited = outcome(info["value"].wait)
+            info = {**waited, "elapsed": info["elapsed"] + waited["elapsed"]}
+        info.pop("value", None)
+        info["right"] = info["raised"] is not None or bool(check())
+        infos.append(info)
+    return infos
+
+
+def scenario_debug(rank, size, store):
+    import weft
+
+    comm = weft.Communicator(store, rank, size, name="debug", timeout=30)
+    got = {}
+    for case in CASES:
+        got[case] = run_calls(calls(comm, case, SMALL, rank == ODD))
+    after = np.full(7, rank + 1, np.float32)
+    comm.allreduce(after)
+    got["usable"] = bool(np.all(after == size * (size + 1) / 2))
+    return got
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_debug_checks_list_every_rank_call_on_every_rank(transport):
+    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off", "WEFT_DEBUG_CHECKS": "1"}
+    with Ranks(scenario_debug, 4, env=env) as ranks:
+        results = ranks.results(timeout=180)
+    problems = []
+    for rank, got in enumerate(results):
+        if not got["usable"]:
+            problems.append(f"rank {rank}: the communicator gave a wrong sum after the checks")
+        for case in CASES:
+            for info in got[case]:
+                message = info.get("message") or ""
+                where = f"rank {rank}, {case}"
+                if info["raised"] != "PeerError" or "WEFT_DEBUG_CHECKS" not in message:
+                    problems.append(f"{where}: expected the debug check's PeerError: {info}")
+                    continue
+                if info["elapsed"] > DEBUG_BOUND_S:
+                    problems.append(f"{where}: raised after {info['elapsed']:.1f} s")
+                listed = re.findall(r"rank (\d): (\w+)\(count=(\d+), dtype=(\w+)", message)
+                if sorted(int(r) for r, *_ in listed) != [0, 1, 2, 3]:
+                    problems.append(f"{where}: does not list every rank's call: {message!r}")
+                if "seq=" not in message or "root=" not in message:
+                    problems.append(f"{where}: no root or sequence number: {message!r}")
+    assert not problems, "\n".join(problems)
+
+
+def scenario_default(rank, size, store, families):
+    import weft
+
+    got = []
+    for family in families:
+        for count in (SMALL, LARGE):
+            for case in CASES:
+                name = f"mismatch-{family}-{count}-{case}"
+                start = time.monotonic()
+                comm = weft.Communicator(
+                    store, rank, size, name=name, timeout=DEFAULT_TIMEOUT_S, algo=family
+                )
+                infos = run_calls(calls(comm, case, count, rank == ODD))
+                for info in infos:
+                    info.update(case=name, total=time.monotonic() - start)
+                got += infos
+                del comm
+    return got
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_default_mode_never_succeeds_with_wrong_bytes(transport):
+    import weft
+
+    families = weft.algorithms("allreduce")
+    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
+    with Ranks(scenario_default, 4, families, env=env) as ranks:
+        results = ranks.results(timeout=900)
+    problems = []
+    for rank, infos in enumerate(results):
+        for info in infos:
+            if not info["right"]:
+                problems.append(f"rank {rank}, {info['case']}: succeeded with wrong bytes")
+            elif info["raised"] and "Error" not in info["mro"]:
+                problems.append(f"rank {rank}, {info['case']}: not a weft error: {info}")
+            if info["total"] > DEFAULT_TIMEOUT_S + 5:
+                problems.append(f"rank {rank}, {info['case']}: took {info['total']:.1f} s")
+    assert not problems, "\n".join(problems)

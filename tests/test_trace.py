@@ -1,0 +1,143 @@
+"""The flight recorder on real ranks: each case makes a failure happen in a world of 4, every
+rank writes its trace into WEFT_TRACE_DIR (on the failing operation, or on SIGTERM), and
+``python -m weft.trace`` must name the right rank and say what went wrong on its first line.
+
+One world runs every case, each on a communicator of its own; the last case ends rank 1 with
+SIGTERM. A killed rank's verdict ("rank 1 died") is checked by tests/test_failure.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from weft_proc import Ranks, mark, outcome
+
+TIMEOUT_S = 3.0
+ODD = 2  # the rank that calls something else
+SLOW = 1  # the rank that falls behind
+COUNT = 1000
+MISMATCHES = ("op", "size", "dtype", "order")
+
+
+def mismatched_calls(comm, case: str, odd: bool):
+    """The calls of one rank in case ``case``: the odd rank's differ from the others' in it."""
+    f32 = np.ones(COUNT, np.float32)
+    if case == "op":
+        return [lambda: comm.broadcast(f32, root=0) if odd else comm.allreduce(f32)]
+    if case == "size":
+        n = COUNT + 1 if odd else COUNT
+        return [lambda: comm.allreduce(np.ones(n, np.float32))]
+    if case == "dtype":
+        buf = np.ones(COUNT, np.int32) if odd else f32
+        return [lambda: comm.allreduce(buf)]
+    # order: both issued before either is waited for, as a training step's buckets are
+    gathered = np.zeros(COUNT * comm.size, np.float32)
+    first = [
+        lambda: comm.allreduce(f32, async_=True),
+        lambda: comm.allgather(f32, out=gathered, async_=True),
+    ]
+    return [lambda: [h.wait() for h in [c() for c in (first[::-1] if odd else first)]]]
+
+
+def scenario_cases(rank, size, store):
+    import weft
+
+    infos = {}
+    for case in MISMATCHES:
+        comm = weft.Communicator(store, rank, size, name=f"case-{case}", timeout=TIMEOUT_S)
+        comm.allreduce(np.ones(10, np.float32))  # a history before the mismatch
+        for call in mismatched_calls(comm, case, rank == ODD):
+            infos[case] = outcome(call)
+        del comm
+    comm = weft.Communicator(store, rank, size, name="case-behind", timeout=TIMEOUT_S)
+    comm.allreduce(np.ones(10, np.float32))
+    if rank == SLOW:
+        mark("sleeping")
+        time.sleep(120)  # ended by the parent's SIGTERM
+    infos["behind"] = outcome(lambda: comm.allreduce(np.ones(COUNT, np.float32)))
+    return {case: {k: info.get(k) for k in ("raised", "message")} for case, info in infos.items()}
+
+
+EXPECTED = {
+    "op": rf"^rank {ODD} differs in op at operation #1: it called broadcast",
+    "size": rf"^rank {ODD} differs in size at operation #1: it called allreduce #1 \(1001 float32",
+    "dtype": rf"^rank {ODD} differs in dtype at operation #1: it called allreduce #1 \(1000 int32",
+    "order": rf"^rank {ODD} differs in order at operation #1: it called allgather",
+    "behind": rf"^rank {SLOW} is behind.* it was in allreduce #0 .*completed.*SIGTERM",
+}
+
+
+def verdict(directory) -> str:
+    """The verdict, read in this process (the command line is tested below)."""
+    from weft.trace import verdict as read_verdict
+
+    return "\n".join(read_verdict(directory))
+
+
+def verdict_from_command_line(directory) -> str:
+    run = subprocess.run(
+        [sys.executable, "-m", "weft.trace", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """The trace directory after every case ran, and each rank's outcomes."""
+    trace_dir = tmp_path_factory.mktemp("traces")
+    env = {
+        "WEFT_TRANSPORT": "shm",
+        "WEFT_TUNE": "off",
+        "WEFT_ALGO": "ring",
+        "WEFT_TRACE_DIR": str(trace_dir),
+    }
+    with Ranks(scenario_cases, 4, env=env) as ranks:
+        ranks.wait_mark(SLOW, "sleeping", timeout=120)
+        others = {r: ranks.result(r, timeout=120) for r in range(4) if r != SLOW}
+        os.kill(ranks.pids[SLOW], signal.SIGTERM)
+        code = ranks.wait_exit(SLOW, timeout=30)
+    assert code == -signal.SIGTERM, f"rank {SLOW} exited with {code} after SIGTERM"
+    return trace_dir, others
+
+
+@pytest.mark.parametrize("case", [*MISMATCHES, "behind"])
+def test_verdict_names_the_rank(traced, tmp_path, case):
+    trace_dir, others = traced
+    for path in trace_dir.glob(f"case-{case}.rank*.weft-trace"):
+        shutil.copy(path, tmp_path)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 4, f"expected a trace from each of the 4 ranks, got {files}"
+    for rank, infos in others.items():
+        assert infos[case]["raised"], f"rank {rank} did not fail in case {case}: {infos[case]}"
+    text = verdict(tmp_path)
+    assert re.search(EXPECTED[case], text.splitlines()[0]), text
+
+
+def test_every_rank_is_listed_with_its_error(traced, tmp_path):
+    trace_dir, _ = traced
+    for path in trace_dir.glob("case-behind.rank*.weft-trace"):
+        shutil.copy(path, tmp_path)
+    lines = verdict_from_command_line(tmp_path).splitlines()
+    assert re.search(EXPECTED["behind"], lines[0]), lines
+    for rank in range(4):
+        assert any(line.startswith(f"  rank {rank}: ") for line in lines), lines
+    assert any("nothing arrived for" in line for line in lines), lines
+
+
+def test_empty_directory_says_what_is_missing(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "weft.trace", str(tmp_path)], capture_output=True, text=True
+    )
+    assert run.returncode == 2
+    assert "WEFT_TRACE_DIR" in run.stderr

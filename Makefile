@@ -66,7 +66,7 @@ test:
 	$(MAKE) install PYTHON=$(PYTHON)
 	$(MAKE) lint PYTHON=$(PYTHON)
 	$(MAKE) install-fuzz PYTHON=$(PYTHON) || echo "make test: no fuzzers; their tests will skip"
-	$(PYTHON) -m pytest -q -ra
+	$(PYTHON) -m pytest -q -ra --durations=25
 
 # On a machine with a GPU, after weft is built there (no install step: it keeps that
 # machine's torch): the GPU tests (tests/test_gpu_*.py; the nccl ones with 2 to 4 ranks need

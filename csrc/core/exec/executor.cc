@@ -189,8 +189,8 @@ class Run {
       p.begun = true;
       WEFT_LOG(Trace, op_.rank,
                op_.name << " #" << op_.seq << " step " << index + 1 << "/" << plan_.steps.size()
-                        << " channel " << s.channel << " recv_from=" << s.recv_peer
-                        << " send_to=" << s.send_peer << " count=" << s.count);
+                        << " recv_from=" << s.recv_peer << " send_to=" << s.send_peer
+                        << " count=" << s.count << " channel=" << s.channel);
       if (s.kind == Step::Kind::Exchange) begin_exchange(s, p);
     }
     switch (s.kind) {

@@ -1,5 +1,7 @@
 #include "core/transport/shm/shm_handshake.h"
 
+#include <dirent.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -13,6 +15,22 @@
 
 namespace weft::shm {
 namespace {
+
+// Removes the names of the segments `peer_pid` made for this rank's
+// connection `channel` (it unlinks them once the handshake ends; a peer
+// killed before that cannot), so that none outlives a failed setup.
+void remove_segments_of(int peer_pid, int rank, int channel) {
+  const std::string prefix = "weft-" + std::to_string(peer_pid) + "-" + std::to_string(rank) + "-" +
+                             std::to_string(channel) + "-";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (std::strncmp(entry->d_name, prefix.c_str(), prefix.size()) == 0) {
+      ::shm_unlink(("/" + std::string(entry->d_name)).c_str());
+    }
+  }
+  ::closedir(dir);
+}
 
 constexpr uint64_t kHelloMagic = 0x6f6c6c65686d6877ULL;  // "whmhello"
 constexpr uint64_t kAckMagic = 0x6b63616d6873776bULL;
@@ -109,21 +127,27 @@ Endpoints handshake(Socket& control, int rank, int peer, int peer_pid, int chann
     create_error = e.what();  // still take part, so the peer fails now, not at its timeout
   }
 
-  control.send_all(&mine, sizeof(mine), deadline, what + ": sending segment name");
-  Hello theirs{};
-  control.recv_all(&theirs, sizeof(theirs), deadline, what + ": receiving segment name");
-
   std::string error;
-  Status status = accept_hello(theirs, rank, peer, ends.layout, ends.outgoing, error);
-  Ack ack{kAckMagic, status, 0};
-  if (status == kOk && theirs.wants_cma && theirs.pid == peer_pid) {
-    ack.can_read_you = cma_probe(peer_pid, theirs.probe_address, theirs.probe_value) ? 1 : 0;
-  }
-  control.send_all(&ack, sizeof(ack), deadline, what + ": sending ack");
-  if (status == kBadHello) throw PeerError(what + ": " + error);
-
+  Status status = kOk;
   Ack peer_ack{};
-  control.recv_all(&peer_ack, sizeof(peer_ack), deadline, what + ": receiving ack");
+  try {
+    control.send_all(&mine, sizeof(mine), deadline, what + ": sending segment name");
+    Hello theirs{};
+    control.recv_all(&theirs, sizeof(theirs), deadline, what + ": receiving segment name");
+
+    status = accept_hello(theirs, rank, peer, ends.layout, ends.outgoing, error);
+    Ack ack{kAckMagic, status, 0};
+    if (status == kOk && theirs.wants_cma && theirs.pid == peer_pid) {
+      ack.can_read_you = cma_probe(peer_pid, theirs.probe_address, theirs.probe_value) ? 1 : 0;
+    }
+    control.send_all(&ack, sizeof(ack), deadline, what + ": sending ack");
+    if (status == kBadHello) throw PeerError(what + ": " + error);
+
+    control.recv_all(&peer_ack, sizeof(peer_ack), deadline, what + ": receiving ack");
+  } catch (...) {
+    remove_segments_of(peer_pid, rank, channel);
+    throw;  // ends.incoming unlinks this rank's own segment as it goes
+  }
   ends.incoming.unlink();  // the peer has mapped it (or given up): drop the name now
 
   if (!create_error.empty()) throw Error(what + ": " + create_error);

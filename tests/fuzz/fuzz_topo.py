@@ -99,6 +99,8 @@ def target(kind: str):
             pass
         except UnicodeDecodeError:
             pass  # not text: Path.read_text says so, naming the byte
+        finally:
+            path.unlink()  # the fuzzer may end the process at any input: leave nothing behind
 
     return one_input
 

@@ -167,6 +167,41 @@ class Algorithm:
                 for i, step in enumerate(channel.steps):
                     yield r, c, i, step
 
+    def issue_order(self, r: int) -> list[tuple[int, int]]:
+        """Rank r's steps as (channel, index), each after the steps it depends on: the channels
+        taken in turn, a step waiting until its deps are placed."""
+        channels = self.programs[r].channels
+        placed: set[tuple[int, int]] = set()
+        nxt = [0] * len(channels)
+        order = []
+        while len(order) < sum(len(ch.steps) for ch in channels):
+            progressed = False
+            for c, ch in enumerate(channels):
+                while nxt[c] < len(ch.steps):
+                    deps = ch.steps[nxt[c]].deps
+                    for d in deps:
+                        dc, di = d
+                        if not (0 <= dc < len(channels) and 0 <= di < len(channels[dc].steps)):
+                            raise AlgorithmError(
+                                f"{self.name}: rank {r} channel {c} step {nxt[c]} depends on "
+                                f"channel {dc} step {di}, which does not exist"
+                            )
+                    if not all(tuple(d) in placed for d in deps):
+                        break
+                    placed.add((c, nxt[c]))
+                    order.append((c, nxt[c]))
+                    nxt[c] += 1
+                    progressed = True
+            if not progressed:
+                stuck = [
+                    (c, nxt[c]) for c in range(len(channels)) if nxt[c] < len(channels[c].steps)
+                ]
+                raise AlgorithmError(
+                    f"{self.name}: rank {r}: steps wait for each other in a cycle "
+                    f"(channel, step): {stuck}"
+                )
+        return order
+
     # ---- JSON ----------------------------------------------------------------------------
 
     def to_json(self) -> dict:

@@ -61,25 +61,9 @@ def plan_of(algo: Algorithm, rank: int) -> dict:
     such tags."""
     program = algo.programs[rank]
     tags = _tag_numbers(algo)
-    position = {}  # (channel, index) -> place in the list
-    steps = []
-    cursor = [0] * len(program.channels)
-    while len(steps) < sum(len(ch.steps) for ch in program.channels):
-        placed = False
-        for c, channel in enumerate(program.channels):
-            i = cursor[c]
-            if i == len(channel.steps) or any(
-                tuple(d) not in position for d in channel.steps[i].deps
-            ):
-                continue
-            position[(c, i)] = len(steps)
-            steps.append(_runnable(algo, rank, c, i, channel.steps[i], position))
-            cursor[c] += 1
-            placed = True
-        if not placed:
-            raise AlgorithmError(
-                f"{algo.name}: rank {rank}'s channels wait on each other in a cycle"
-            )
+    order = algo.issue_order(rank)
+    position = {key: n for n, key in enumerate(order)}  # (channel, index) -> place in the list
+    steps = [_runnable(algo, rank, c, i, program.channels[c].steps[i], position) for c, i in order]
     channel_tags = [tags.get(_tag(ch, c), 0) for c, ch in enumerate(program.channels)]
     return {
         "algorithm": algo.name,

@@ -205,7 +205,7 @@ def _programs_of(algo: Algorithm, nbytes: int):
 
     programs = _sim.Programs(algo.ranks)
     for r, program in enumerate(algo.programs):
-        order = _issue_order(algo, r)
+        order = algo.issue_order(r)
         index = {key: i for i, key in enumerate(order)}
         steps = []
         for c, i in order:
@@ -242,40 +242,6 @@ def _programs_of(algo: Algorithm, nbytes: int):
         tags = [c if ch.tag is None else ch.tag for c, ch in enumerate(program.channels)]
         programs.add_rank(r, steps, tags)
     return programs
-
-
-def _issue_order(algo: Algorithm, r: int) -> list[tuple[int, int]]:
-    """Rank r's steps as (channel, index), each after the steps it depends on: the channels
-    taken in turn, a step waiting until its deps are placed."""
-    channels = algo.programs[r].channels
-    placed: set[tuple[int, int]] = set()
-    nxt = [0] * len(channels)
-    order = []
-    while len(order) < sum(len(ch.steps) for ch in channels):
-        progressed = False
-        for c, ch in enumerate(channels):
-            while nxt[c] < len(ch.steps):
-                deps = ch.steps[nxt[c]].deps
-                for d in deps:
-                    dc, di = d
-                    if not (0 <= dc < len(channels) and 0 <= di < len(channels[dc].steps)):
-                        raise AlgorithmError(
-                            f"{algo.name}: rank {r} channel {c} step {nxt[c]} depends on "
-                            f"channel {dc} step {di}, which does not exist"
-                        )
-                if not all(tuple(d) in placed for d in deps):
-                    break
-                placed.add((c, nxt[c]))
-                order.append((c, nxt[c]))
-                nxt[c] += 1
-                progressed = True
-        if not progressed:
-            stuck = [(c, nxt[c]) for c in range(len(channels)) if nxt[c] < len(channels[c].steps)]
-            raise AlgorithmError(
-                f"{algo.name}: rank {r}: steps wait for each other in a cycle "
-                f"(channel, step): {stuck}"
-            )
-    return order
 
 
 def _bounds(collective, p, nbytes, topology, alpha) -> dict[str, float]:

@@ -82,7 +82,12 @@ class Side:
 
     def assert_ok(self, rc: int) -> None:
         failed = [x for x in self.lines if x.startswith("FAIL")]
-        assert rc == 0 and not failed and "DONE" in self.lines, (rc, failed, self.lines, self.stderr())
+        assert rc == 0 and not failed and "DONE" in self.lines, (
+            rc,
+            failed,
+            self.lines,
+            self.stderr(),
+        )
 
 
 def pair(
@@ -230,3 +235,21 @@ def test_no_device(built):
         check=False,
     )
     assert run.returncode == 0 and "OK empty device list" in run.stdout, run.stdout + run.stderr
+
+
+def test_large_writes_cross_in_pieces(built, tmp_path):
+    opts = {"buf": 16 << 20}
+    pair(built, tmp_path, "large", send_opts=opts, recv_opts=opts)
+
+
+def test_many_in_flight_over_three_qps(built, tmp_path):
+    opts = {"n": 1500, "qps": 3}
+    pair(built, tmp_path, "order", send_opts=opts, recv_opts=opts)
+
+
+def test_posting_polling_and_event_threads(built, tmp_path):
+    pair(built, tmp_path, "threads")
+
+
+def test_teardown_with_work_outstanding(built, tmp_path):
+    pair(built, tmp_path, "busy", recv_env={"WEFT_VERBS_EMU_FAULT": "rnr"})

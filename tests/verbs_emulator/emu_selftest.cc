@@ -12,6 +12,8 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -76,7 +78,7 @@ long opt(const char* k, long dflt) {
   return it == g_opt.end() ? dflt : it->second;
 }
 
-constexpr size_t kBuf = 1 << 20;
+size_t kBuf = 1 << 20;  // option buf
 
 struct Peer {
   uint32_t qpn, psn, rkey;
@@ -88,7 +90,9 @@ struct Side {
   ibv_context* ctx;
   ibv_pd* pd;
   ibv_cq* cq;
-  ibv_qp* qp;
+  ibv_qp* qp;                // qps[0]
+  std::vector<ibv_qp*> qps;  // option qps
+  std::vector<uint32_t> peer_qpns;
   ibv_mr* mr;
   ibv_mr* mr2;
   char* buf;
@@ -99,7 +103,7 @@ struct Side {
 uint8_t pattern(size_t i) { return static_cast<uint8_t>(i * 7 + 3); }
 
 int post_write(Side& s, bool imm, uint32_t imm_value, std::vector<ibv_sge> sges, uint64_t raddr,
-               uint32_t rkey, bool signaled, uint64_t wr_id) {
+               uint32_t rkey, bool signaled, uint64_t wr_id, size_t q = 0) {
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = wr_id;
   wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
@@ -109,13 +113,13 @@ int post_write(Side& s, bool imm, uint32_t imm_value, std::vector<ibv_sge> sges,
   wr.num_sge = static_cast<int>(sges.size());
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
-  return s.qp->context->ops.post_send(s.qp, &wr, &bad);
+  return s.ctx->ops.post_send(s.qps[q], &wr, &bad);
 }
 
-int post_recv(Side& s, uint64_t wr_id) {
+int post_recv(Side& s, uint64_t wr_id, size_t q = 0) {
   ibv_recv_wr wr{}, *bad = nullptr;
   wr.wr_id = wr_id;
-  return s.qp->context->ops.post_recv(s.qp, &wr, &bad);
+  return s.ctx->ops.post_recv(s.qps[q], &wr, &bad);
 }
 
 // Polls until n completions came or ms passed.
@@ -140,13 +144,14 @@ ibv_qp_state state_of(Side& s) {
 
 std::string status(const ibv_wc& wc) { return L.wc_status_str(wc.status); }
 
-void to_init(Side& s) {
+void to_init(Side& s, ibv_qp* qp) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
   a.port_num = 1;
   a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-  if (L.modify_qp(s.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+  (void)s;
+  if (L.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
     check(false, "modify to INIT");
 }
 
@@ -155,11 +160,11 @@ int rtr_mask() {
          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
 }
 
-ibv_qp_attr rtr_attr(Side& s) {
+ibv_qp_attr rtr_attr(Side& s, size_t q = 0) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = s.peer.qpn;
+  a.dest_qp_num = s.peer_qpns[q];
   a.rq_psn = s.peer.psn;
   a.max_dest_rd_atomic = 1;
   a.min_rnr_timer = static_cast<uint8_t>(opt("min_rnr_timer", 1));
@@ -219,17 +224,23 @@ void bring_up(Side& s, const std::string& scenario, const std::string& role) {
           "RESET -> INIT without PKEY_INDEX/ACCESS_FLAGS refused");
     check(state_of(s) == IBV_QPS_RESET, "still RESET");
   }
-  to_init(s);
+  for (ibv_qp* qp : s.qps) to_init(s, qp);
   ibv_gid gid{};
   L.query_gid(s.ctx, 1, 0, &gid);
-  std::printf("INFO %u %u %s %u %lu\n", s.qp->qp_num, psn, hex(gid).c_str(), s.mr->rkey,
+  std::string qpns;
+  for (ibv_qp* qp : s.qps) qpns += (qpns.empty() ? "" : ",") + std::to_string(qp->qp_num);
+  std::printf("INFO %s %u %s %u %lu\n", qpns.c_str(), psn, hex(gid).c_str(), s.mr->rkey,
               static_cast<unsigned long>(reinterpret_cast<uintptr_t>(s.mr->addr)));
   std::fflush(stdout);
-  char gidhex[64];
+  char gidhex[64], peer_qpns[256];
   unsigned long addr;
-  if (std::sscanf(read_line().c_str(), "PEER %u %u %63s %u %lu", &s.peer.qpn, &s.peer.psn, gidhex,
+  if (std::sscanf(read_line().c_str(), "PEER %255s %u %63s %u %lu", peer_qpns, &s.peer.psn, gidhex,
                   &s.peer.rkey, &addr) != 5)
     std::exit(4);
+  for (char* t = std::strtok(peer_qpns, ","); t; t = std::strtok(nullptr, ","))
+    s.peer_qpns.push_back(static_cast<uint32_t>(std::atol(t)));
+  if (s.peer_qpns.size() != s.qps.size()) std::exit(4);
+  s.peer.qpn = s.peer_qpns[0];
   s.peer.gid = unhex(gidhex);
   s.peer.addr = addr;
   if (scenario == "states") {
@@ -244,14 +255,18 @@ void bring_up(Side& s, const std::string& scenario, const std::string& role) {
     a.ah_attr.is_global = 0;
     check(L.modify_qp(s.qp, &a, rtr_mask()) == EINVAL, "RTR without a GRH refused (RoCE)");
   }
-  ibv_qp_attr a = rtr_attr(s);
-  check(L.modify_qp(s.qp, &a, rtr_mask()) == 0, "modify to RTR");
+  for (size_t q = 0; q < s.qps.size(); ++q) {
+    ibv_qp_attr a = rtr_attr(s, q);
+    check(L.modify_qp(s.qps[q], &a, rtr_mask()) == 0, "modify to RTR");
+  }
   if (scenario == "states") {
     check(state_of(s) == IBV_QPS_RTR, "query_qp says RTR");
     check_refusals(s, "RTR");
   }
-  ibv_qp_attr r = rts_attr(psn);
-  check(L.modify_qp(s.qp, &r, rts_mask()) == 0, "modify to RTS");
+  for (ibv_qp* qp : s.qps) {
+    ibv_qp_attr r = rts_attr(psn);
+    check(L.modify_qp(qp, &r, rts_mask()) == 0, "modify to RTS");
+  }
   if (scenario == "states") check(state_of(s) == IBV_QPS_RTS, "query_qp says RTS");
 }
 
@@ -306,44 +321,58 @@ void order_send(Side& s) {
     v[2 * i] = static_cast<uint64_t>(i);
     v[2 * i + 1] = static_cast<uint64_t>(i) ^ 0xabcdef;
   }
+  const size_t nq = s.qps.size();
+  std::vector<long> next(nq);  // the next wr_id each QP completes
+  for (size_t q = 0; q < nq; ++q) next[q] = static_cast<long>(q);
   long posted = 0, done = 0;
   bool ok = true;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (done < n && std::chrono::steady_clock::now() < end) {
     while (posted < n && posted - done < 100) {
       const uintptr_t a = reinterpret_cast<uintptr_t>(&v[2 * posted]);
+      const size_t q = static_cast<size_t>(posted) % nq;
       ok &= post_write(s, false, 0, {{a, 8, s.mr->lkey}}, s.peer.addr + 16 * posted, s.peer.rkey,
-                       false, 0) == 0;
+                       false, 0, q) == 0;
       // The second half in two SGEs of 4 bytes.
       ok &= post_write(s, true, static_cast<uint32_t>(posted),
                        {{a + 8, 4, s.mr->lkey}, {a + 12, 4, s.mr->lkey}},
-                       s.peer.addr + 16 * posted + 8, s.peer.rkey, true, posted) == 0;
+                       s.peer.addr + 16 * posted + 8, s.peer.rkey, true, posted, q) == 0;
       ++posted;
     }
     for (const ibv_wc& wc : poll_n(s, 1, 1)) {
-      ok &= wc.status == IBV_WC_SUCCESS && wc.wr_id == static_cast<uint64_t>(done);
+      const size_t q = static_cast<size_t>(wc.wr_id) % nq;
+      ok &= wc.status == IBV_WC_SUCCESS && wc.qp_num == s.qps[q]->qp_num &&
+            wc.wr_id == static_cast<uint64_t>(next[q]);
+      next[q] += static_cast<long>(nq);
       ++done;
     }
   }
-  check(ok && done == n, "all " + std::to_string(n) + " send completions, in order");
+  check(ok && done == n, "all " + std::to_string(n) + " send completions, in order per QP");
 }
 
 void order_recv(Side& s) {
   const long n = opt("n", 3000);
   auto* v = reinterpret_cast<volatile uint64_t*>(s.buf);
-  long got = 0, posted = 128;
+  const size_t nq = s.qps.size();
+  std::vector<long> next(nq);
+  for (size_t q = 0; q < nq; ++q) next[q] = static_cast<long>(q);
+  long got = 0;
   bool ok = true;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (got < n && std::chrono::steady_clock::now() < end) {
     for (const ibv_wc& wc : poll_n(s, 1, 1)) {
       const long i = static_cast<long>(ntohl(wc.imm_data));
-      ok &= wc.status == IBV_WC_SUCCESS && i == got && v[2 * i] == static_cast<uint64_t>(i) &&
+      const size_t q = static_cast<size_t>(i) % nq;
+      ok &= wc.status == IBV_WC_SUCCESS && wc.qp_num == s.qps[q]->qp_num && i == next[q] &&
+            v[2 * i] == static_cast<uint64_t>(i) &&
             v[2 * i + 1] == (static_cast<uint64_t>(i) ^ 0xabcdef);
+      next[q] += static_cast<long>(nq);
       ++got;
-      if (posted < n) ok &= post_recv(s, static_cast<uint64_t>(posted++)) == 0;
+      ok &= post_recv(s, 0, q) == 0;
     }
   }
-  check(ok && got == n, "all " + std::to_string(n) + " receives in order, data in place first");
+  check(ok && got == n,
+        "all " + std::to_string(n) + " receives in order per QP, data in place first");
 }
 
 // A bad remote key / range / access fails the write with REM_ACCESS_ERR; the WR behind it
@@ -451,6 +480,90 @@ void overflow_recv(Side& s) {
   check(wait_event(s, IBV_EVENT_CQ_ERR, 5000, "IBV_EVENT_CQ_ERR", false), "on this CQ");
 }
 
+// Three writes-with-imm of several MiB at odd offsets and lengths, two SGEs each: the
+// payloads cross the sockets in many pieces.
+constexpr size_t kLarge = (5 << 20) + 3;
+
+void large_send(Side& s) {
+  for (size_t i = 0; i < kBuf; ++i) s.buf[i] = static_cast<char>(pattern(i));
+  for (int k = 0; k < 3; ++k) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(s.buf) + 1 + k * kLarge;
+    std::vector<ibv_sge> sges{{a, 4097, s.mr->lkey},
+                              {a + 4097, static_cast<uint32_t>(kLarge - 4097), s.mr->lkey}};
+    check(post_write(s, true, static_cast<uint32_t>(k), sges, s.peer.addr + 1 + k * kLarge,
+                     s.peer.rkey, true, static_cast<uint64_t>(k)) == 0,
+          "post a large write");
+  }
+  expect_statuses(poll_n(s, 3, 10000), {IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_SUCCESS},
+                  "large writes complete");
+}
+
+void large_recv(Side& s) {
+  auto wcs = poll_n(s, 3, 10000);
+  bool ok = wcs.size() == 3;
+  for (size_t k = 0; k < wcs.size(); ++k)
+    ok = ok && wcs[k].status == IBV_WC_SUCCESS && ntohl(wcs[k].imm_data) == k &&
+         wcs[k].byte_len == kLarge;
+  size_t wrong = 0;
+  for (size_t i = 1; i < 1 + 3 * kLarge; ++i) wrong += static_cast<uint8_t>(s.buf[i]) != pattern(i);
+  check(ok && wrong == 0 && s.buf[0] == 0 && s.buf[1 + 3 * kLarge] == 0,
+        "large writes landed (" + std::to_string(wrong) + " wrong bytes)");
+}
+
+// Posting in one thread, polling in another; an event thread blocked in
+// ibv_get_async_event while the device closes.
+void threads_send(Side& s) {
+  const long n = opt("n", 2000);
+  std::atomic<long> done{0};
+  std::atomic<bool> ok{true};
+  std::thread poller([&] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (done < n && std::chrono::steady_clock::now() < end) {
+      for (const ibv_wc& wc : poll_n(s, 1, 1)) {
+        if (wc.status != IBV_WC_SUCCESS || wc.wr_id != static_cast<uint64_t>(done.load()))
+          ok = false;
+        ++done;
+      }
+    }
+  });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (long i = 0; i < n && std::chrono::steady_clock::now() < end;) {
+    if (i - done >= 200) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::vector<ibv_sge> sge{{reinterpret_cast<uintptr_t>(s.buf) + 8 * i, 8, s.mr->lkey}};
+    if (post_write(s, true, static_cast<uint32_t>(i), sge, s.peer.addr + 8 * i, s.peer.rkey, true,
+                   static_cast<uint64_t>(i)) != 0)
+      ok = false;
+    ++i;
+  }
+  poller.join();
+  check(ok && done == n, "posted in one thread, polled in another");
+}
+
+void threads_recv(Side& s) {
+  const long n = opt("n", 2000);
+  long got = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (got < n && std::chrono::steady_clock::now() < end) {
+    for (const ibv_wc& wc : poll_n(s, 1, 1)) {
+      if (wc.status == IBV_WC_SUCCESS && ntohl(wc.imm_data) == static_cast<uint32_t>(got)) ++got;
+      post_recv(s, 0);
+    }
+  }
+  check(got == n, "received in order while another thread waits for events");
+}
+
+// Work outstanding (RNR-NAKed forever) when the QP is destroyed and the device closed.
+void busy_send(Side& s) {
+  std::vector<ibv_sge> sge{{reinterpret_cast<uintptr_t>(s.buf), 4096, s.mr->lkey}};
+  for (int i = 0; i < 10; ++i)
+    post_write(s, true, 0, sge, s.peer.addr, s.peer.rkey, true, static_cast<uint64_t>(i));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  check(poll_n(s, 1, 0).empty(), "nothing completed yet");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -463,6 +576,7 @@ int main(int argc, char** argv) {
     const std::string kv = argv[i];
     g_opt[kv.substr(0, kv.find('='))] = std::atol(kv.substr(kv.find('=') + 1).c_str());
   }
+  kBuf = static_cast<size_t>(opt("buf", 1 << 20));
   void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     std::printf("FAIL dlopen: %s\n", dlerror());
@@ -527,17 +641,33 @@ int main(int argc, char** argv) {
   init.cap.max_recv_wr = 256;
   init.cap.max_send_sge = 4;
   init.cap.max_recv_sge = 1;
-  s.qp = L.create_qp(s.pd, &init);
-  check(s.ctx && s.pd && s.mr && s.mr2 && s.cq && s.qp, "objects created");
+  for (long q = 0; q < opt("qps", 1); ++q) s.qps.push_back(L.create_qp(s.pd, &init));
+  s.qp = s.qps[0];
+  bool created = s.ctx && s.pd && s.mr && s.mr2 && s.cq;
+  for (ibv_qp* qp : s.qps) created = created && qp;
+  check(created, "objects created");
   bring_up(s, scenario, role);
   if (role == "recv") {
     int receives = 0;
     if (scenario == "imm") receives = 1;
-    if (scenario == "order") receives = 128;
+    if (scenario == "order") receives = 64;
     if (scenario == "rkey" || scenario == "bounds" || scenario == "access") receives = 2;
     if (scenario == "overflow") receives = 10;
-    for (int i = 0; i < receives; ++i) post_recv(s, static_cast<uint64_t>(i + (scenario == "imm")));
+    if (scenario == "large") receives = 3;
+    if (scenario == "threads") receives = 200;
+    for (int i = 0; i < receives; ++i)
+      for (size_t q = 0; q < s.qps.size(); ++q)
+        post_recv(s, static_cast<uint64_t>(i + (scenario == "imm")), q);
   }
+  std::atomic<int> event_rc{1};
+  int event_errno = 0;
+  std::thread events;
+  if (scenario == "threads")
+    events = std::thread([&] {
+      ibv_async_event ev{};
+      event_rc = L.get_async_event(s.ctx, &ev);
+      event_errno = errno;
+    });
   std::printf("READY\n");
   std::fflush(stdout);
   read_line();  // GO
@@ -551,14 +681,25 @@ int main(int argc, char** argv) {
   if (scenario == "rnr_late") send ? rnr_send(s, true) : rnr_late_recv(s);
   if (scenario == "dead" && send) dead_peer_send(s, static_cast<int>(opt("n", 2)));
   if (scenario == "inject" && send) inject_send(s);
+  if (scenario == "large") send ? large_send(s) : large_recv(s);
+  if (scenario == "threads") send ? threads_send(s) : threads_recv(s);
+  if (scenario == "busy" && send) busy_send(s);
   if (scenario == "overflow") send ? overflow_send(s) : overflow_recv(s);
   if (scenario == "fatal" && send)
     wait_event(s, IBV_EVENT_DEVICE_FATAL, 5000, "IBV_EVENT_DEVICE_FATAL", true);
-  if (!send && scenario != "imm" && scenario != "order") read_line();  // held until told to close
+  const bool held = scenario != "imm" && scenario != "order" && scenario != "large";
+  if (!send && held) read_line();  // held until told to close
   // Tear down with work possibly outstanding.
-  check(L.destroy_qp(s.qp) == 0 && L.destroy_cq(s.cq) == 0 && L.dereg_mr(s.mr) == 0 &&
-            L.dereg_mr(s.mr2) == 0 && L.dealloc_pd(s.pd) == 0 && L.close_device(s.ctx) == 0,
+  bool destroyed = true;
+  for (ibv_qp* qp : s.qps) destroyed = destroyed && L.destroy_qp(qp) == 0;
+  check(destroyed && L.destroy_cq(s.cq) == 0 && L.dereg_mr(s.mr) == 0 && L.dereg_mr(s.mr2) == 0 &&
+            L.dealloc_pd(s.pd) == 0 && L.close_device(s.ctx) == 0,
         "teardown");
+  if (events.joinable()) {
+    events.join();
+    check(event_rc == -1 && event_errno == EIO,
+          "ibv_get_async_event blocked at close returned -1 (EIO)");
+  }
   std::printf("DONE\n");
   return g_failures ? 1 : 0;
 }

@@ -22,7 +22,7 @@
 namespace emu {
 namespace {
 
-constexpr size_t kRxBudget = 4 << 20;  // bytes read from one stream before serving the others
+constexpr size_t kBudget = 4 << 20;  // bytes moved on one stream before serving the others
 std::atomic<long> g_signaled_writes{0};
 
 enum class Step { kDone, kWait, kFailed };
@@ -177,9 +177,16 @@ void handle_response(Qp* qp, Conn* c, const Frame& f) {
   }
 }
 
+// qp has a request it could put on the wire now.
+bool wants_tx(const Qp* qp, Clock::time_point now) {
+  return qp->attr.qp_state == IBV_QPS_RTS && !qp->fail_armed && now >= qp->rnr_until &&
+         qp->tx_next < qp->sq.size();
+}
+
 // Puts the next frames of qp's send queue on its stream.
 void pump_tx(Context* ctx, Qp* qp) {
   const Clock::time_point now = Clock::now();
+  uint64_t budget = kBudget;
   while (Conn* c = qp->out) {
     if (tx_pending(c)) {
       const Step s = write_some(c);
@@ -201,8 +208,7 @@ void pump_tx(Context* ctx, Qp* qp) {
       }
       continue;
     }
-    if (qp->attr.qp_state != IBV_QPS_RTS || qp->fail_armed || now < qp->rnr_until) return;
-    if (qp->tx_next >= qp->sq.size()) return;
+    if (!wants_tx(qp, now) || budget == 0) return;  // out of budget: POLLOUT brings it back
     SendWr& wr = qp->sq[qp->tx_next];
     if (wr.fail != IBV_WC_SUCCESS) {
       if (qp->tx_next == 0)
@@ -229,6 +235,7 @@ void pump_tx(Context* ctx, Qp* qp) {
     f.len = wr.len;
     queue_frame(c, f);
     stats().wire_bytes += wr.len;
+    budget -= std::min<uint64_t>(budget, sizeof f + wr.len);
     if (!wr.inline_data.empty()) {
       c->tx_iov.push_back({&wr.inline_data[0], wr.inline_data.size()});
     } else {
@@ -383,7 +390,7 @@ void flush_responses(Context* ctx, Conn* c) {
 // Reads requests from an incoming stream (or responses on a QP's own stream).
 void pump_rx(Context* ctx, Conn* c) {
   static thread_local char scratch[1 << 16];
-  size_t budget = kRxBudget;
+  size_t budget = kBudget;
   while (!c->dead && budget > 0) {
     if (c->rx_frame) {
       if (!c->rx_accepted && !accept_request(ctx, c)) break;
@@ -747,7 +754,8 @@ void progress_main(Context* ctx) {
     fds[1] = {ctx->listen_fd, POLLIN, 0};
     who.assign(2, nullptr);
     for (Conn* c : ctx->conns) {
-      short events = tx_pending(c) ? POLLOUT : 0;
+      const bool tx = tx_pending(c) || (c->outgoing && c->qp && wants_tx(c->qp, now));
+      short events = tx ? POLLOUT : 0;
       if (!(c->rx_frame && !c->rx_accepted)) events |= POLLIN;
       fds.push_back({c->fd, events, 0});
       who.push_back(c);

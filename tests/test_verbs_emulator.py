@@ -194,6 +194,9 @@ def test_receiver_not_ready_then_retried_into_a_late_receive(built, tmp_path):
 def test_dead_peer_retry_exceeded_within_bound(built, tmp_path):
     send, _ = pair(built, tmp_path, "dead", send_opts={"n": 3}, kill_before_go=True)
     assert 100 <= send.elapsed_ms() < 2000
+    assert len(list((tmp_path / "sock").iterdir())) == 1  # the killed one's
+    pair(built, tmp_path, "imm")
+    assert not list((tmp_path / "sock").iterdir()), "a dead process's socket was left"
 
 
 def test_peer_killed_with_writes_in_flight(built, tmp_path):
@@ -253,3 +256,7 @@ def test_posting_polling_and_event_threads(built, tmp_path):
 
 def test_teardown_with_work_outstanding(built, tmp_path):
     pair(built, tmp_path, "busy", recv_env={"WEFT_VERBS_EMU_FAULT": "rnr"})
+
+
+def test_send_queue_slots_free_only_when_completions_are_polled(built, tmp_path):
+    pair(built, tmp_path, "full")

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -77,18 +78,33 @@ struct Mr {
   int busy = 0;  // frames reading or writing its memory right now
 };
 
+// A work queue's slots: a WR holds its slot until a completion at or after it is polled, as a
+// NIC's queue frees slots when the CQ is read; an unsignaled WR holds its slot until a later
+// signaled WR's completion is polled.
+struct Slots {
+  std::atomic<uint64_t> freed{0};  // WRs (numbered from 0 in posting order) whose slots are free
+};
+using SlotsRef = std::shared_ptr<Slots>;
+
+struct CqEntry {
+  ibv_wc wc;
+  SlotsRef slots;  // polling this frees the slots of WRs before upto
+  uint64_t upto;
+};
+
 struct Cq {
   ibv_cq base;
   std::mutex mu;
-  std::deque<ibv_wc> entries;
+  std::deque<CqEntry> entries;
   size_t capacity;
   bool overflowed = false;
   int qp_refs = 0;
 };
-void cq_push(Cq* cq, const ibv_wc& wc);
+void cq_push(Cq* cq, const ibv_wc& wc, const SlotsRef& slots, uint64_t upto);
 
 struct SendWr {
   uint64_t wr_id;
+  uint64_t seq;  // its number in the send queue's slots
   uint32_t psn;
   bool with_imm;
   bool signaled;
@@ -121,7 +137,9 @@ struct Qp {
   Endpoint remote;
   // Requester.
   std::deque<SendWr> sq;  // posted, not completed, in order
-  size_t tx_next = 0;     // sq[tx_next] is the next to put on the wire
+  SlotsRef sq_slots = std::make_shared<Slots>();
+  uint64_t sq_posted = 0;
+  size_t tx_next = 0;  // sq[tx_next] is the next to put on the wire
   uint32_t next_psn = 0;
   Conn* out = nullptr;
   bool peer_dead = false;
@@ -131,7 +149,12 @@ struct Qp {
   Clock::time_point fail_at{};
   ibv_wc_status fail_status = IBV_WC_SUCCESS;
   // Responder.
-  std::deque<uint64_t> rq;  // posted receive wr_ids
+  struct RecvWr {
+    uint64_t wr_id, seq;
+  };
+  std::deque<RecvWr> rq;  // posted, not consumed
+  SlotsRef rq_slots = std::make_shared<Slots>();
+  uint64_t rq_posted = 0;
   uint32_t epsn = 0;
   bool rnr_discard = false;  // dropping everything until rnr_psn comes again
   uint32_t rnr_psn = 0;
@@ -157,6 +180,7 @@ struct Conn {
   bool rx_accepted = false;
   bool rx_place = false;  // the payload goes into rx_dst (else it is read and dropped)
   bool ack_pending = false;
+  bool early_told = false;  // complained of a request before RTR
   uint32_t ack_psn = 0;
   // Writing: control bytes, then the payload of the request being sent.
   std::string tx;

@@ -1,6 +1,8 @@
 // The verbs of the control path: devices, contexts, PDs, MRs, CQs, QPs and their state
 // machine, async events.
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -9,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "emu.h"
@@ -55,9 +58,35 @@ ibv_mw* unsupported_alloc_mw(ibv_pd*, ibv_mw_type) { return fail<ibv_mw>(EOPNOTS
 int unsupported_bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*) { return EOPNOTSUPP; }
 int unsupported_dealloc_mw(ibv_mw*) { return EOPNOTSUPP; }
 
+// Removes the sockets of processes that died without closing their devices: no such process,
+// and nobody listening.
+void remove_stale_sockets(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    unsigned pid = 0, instance = 0;
+    char rest = 0;
+    if (std::sscanf(e->d_name, "%u.%u%c", &pid, &instance, &rest) != 2) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string path = dir + "/" + e->d_name;
+    if (path.size() >= sizeof addr.sun_path) continue;
+    std::strcpy(addr.sun_path, path.c_str());
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 &&
+        errno == ECONNREFUSED)
+      ::unlink(path.c_str());
+    ::close(fd);
+  }
+  ::closedir(d);
+}
+
 bool listen_on(Context* ctx) {
   const Config& c = config();
-  ::mkdir(c.socket_dir.c_str(), 01777);
+  if (::mkdir(c.socket_dir.c_str(), 0777) == 0) ::chmod(c.socket_dir.c_str(), 01777);
+  remove_stale_sockets(c.socket_dir);
   ctx->socket_path =
       c.socket_dir + "/" + std::to_string(ctx->self.pid) + "." + std::to_string(ctx->self.instance);
   sockaddr_un addr{};

@@ -381,7 +381,7 @@ void bad_send(Side& s, const std::string& variant) {
   uint64_t raddr = s.peer.addr;
   uint32_t rkey = s.peer.rkey;
   uint32_t len = 64;
-  if (variant == "rkey") rkey ^= 0x100;
+  if (variant == "rkey") rkey ^= 0xff;  // no key of the emulator ends so
   if (variant == "bounds") raddr += kBuf - 32;
   std::vector<ibv_sge> sge{{reinterpret_cast<uintptr_t>(s.buf), len, s.mr->lkey}};
   check(post_write(s, true, 1, sge, raddr, rkey, true, 1) == 0, "post the bad write");
@@ -404,7 +404,7 @@ void lkey_send(Side& s) {
   check(post_write(s, false, 0, {{reinterpret_cast<uintptr_t>(s.buf), 8, s.mr->lkey}}, s.peer.addr,
                    s.peer.rkey, true, 1) == 0 &&
             post_write(s, false, 0, over, s.peer.addr, s.peer.rkey, false, 2) == 0 &&
-            post_write(s, false, 0, {{reinterpret_cast<uintptr_t>(s.buf), 8, s.mr->lkey ^ 0x100}},
+            post_write(s, false, 0, {{reinterpret_cast<uintptr_t>(s.buf), 8, s.mr->lkey ^ 0xff}},
                        s.peer.addr, s.peer.rkey, true, 3) == 0,
         "post good, local out of bounds (unsignaled), bad lkey");
   auto wcs = poll_n(s, 3);
@@ -555,6 +555,23 @@ void threads_recv(Side& s) {
   check(got == n, "received in order while another thread waits for events");
 }
 
+// Send-queue slots come free when a completion at or after them is polled, as on a NIC.
+void full_send(Side& s) {
+  std::vector<ibv_sge> sge{{reinterpret_cast<uintptr_t>(s.buf), 8, s.mr->lkey}};
+  bool ok = true;
+  for (int i = 0; i < 255; ++i)
+    ok &= post_write(s, false, 0, sge, s.peer.addr, s.peer.rkey, false, 0) == 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // all of them placed
+  ok &= post_write(s, false, 0, sge, s.peer.addr, s.peer.rkey, true, 1) == 0;
+  check(ok, "max_send_wr WRs posted");
+  check(post_write(s, false, 0, sge, s.peer.addr, s.peer.rkey, true, 2) == ENOMEM,
+        "one more: ENOMEM until a completion is polled");
+  expect_statuses(poll_n(s, 1), {IBV_WC_SUCCESS}, "the signaled one");
+  check(post_write(s, false, 0, sge, s.peer.addr, s.peer.rkey, true, 3) == 0,
+        "posting again after the poll");
+  expect_statuses(poll_n(s, 1), {IBV_WC_SUCCESS}, "and it completes");
+}
+
 // Work outstanding (RNR-NAKed forever) when the QP is destroyed and the device closed.
 void busy_send(Side& s) {
   std::vector<ibv_sge> sge{{reinterpret_cast<uintptr_t>(s.buf), 4096, s.mr->lkey}};
@@ -684,6 +701,7 @@ int main(int argc, char** argv) {
   if (scenario == "large") send ? large_send(s) : large_recv(s);
   if (scenario == "threads") send ? threads_send(s) : threads_recv(s);
   if (scenario == "busy" && send) busy_send(s);
+  if (scenario == "full" && send) full_send(s);
   if (scenario == "overflow") send ? overflow_send(s) : overflow_recv(s);
   if (scenario == "fatal" && send)
     wait_event(s, IBV_EVENT_DEVICE_FATAL, 5000, "IBV_EVENT_DEVICE_FATAL", true);

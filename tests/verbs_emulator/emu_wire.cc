@@ -98,9 +98,9 @@ void queue_frame(Conn* c, const Frame& f) {
   stats().wire_bytes += sizeof f;
 }
 
-void complete_recv(Qp* qp, uint64_t wr_id, ibv_wc_status status, uint32_t len, uint32_t imm) {
+void complete_recv(Qp* qp, const Qp::RecvWr& wr, ibv_wc_status status, uint32_t len, uint32_t imm) {
   ibv_wc wc{};
-  wc.wr_id = wr_id;
+  wc.wr_id = wr.wr_id;
   wc.status = status;
   wc.opcode = status == IBV_WC_SUCCESS ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
   wc.vendor_err = status == IBV_WC_SUCCESS ? 0 : 0x81;
@@ -109,7 +109,7 @@ void complete_recv(Qp* qp, uint64_t wr_id, ibv_wc_status status, uint32_t len, u
   wc.qp_num = qp->base.qp_num;
   wc.src_qp = qp->attr.dest_qp_num;
   wc.wc_flags = status == IBV_WC_SUCCESS ? IBV_WC_WITH_IMM : 0;
-  cq_push(qp->rcq, wc);
+  cq_push(qp->rcq, wc, qp->rq_slots, wr.seq + 1);
 }
 
 // The oldest WR completes with status (error completions ignore signaling); the rest flush.
@@ -300,6 +300,12 @@ bool accept_request(Context* ctx, Conn* c) {
   }
   const ibv_qp_state state = qp->attr.qp_state;
   if (state == IBV_QPS_RESET || state == IBV_QPS_INIT) {  // a QP not yet in RTR: later
+    if (!c->early_told)
+      complain(
+          "QP %u: a request came before the QP reached RTR; held here, but a NIC drops "
+          "it and the sender resends after its transport timeout (seconds)",
+          qp->base.qp_num);
+    c->early_told = true;
     c->rx_accepted = false;
     return false;
   }
@@ -505,13 +511,13 @@ void wake(Context* ctx) {
     complain("wake: %s", std::strerror(errno));
 }
 
-void cq_push(Cq* cq, const ibv_wc& wc) {
+void cq_push(Cq* cq, const ibv_wc& wc, const SlotsRef& slots, uint64_t upto) {
   if (wc.status != IBV_WC_SUCCESS) stats().error_completions++;
   {
     std::lock_guard<std::mutex> lk(cq->mu);
     if (cq->overflowed) return;
     if (cq->entries.size() < cq->capacity) {
-      cq->entries.push_back(wc);
+      cq->entries.push_back({wc, slots, upto});
       return;
     }
     cq->overflowed = true;
@@ -533,7 +539,7 @@ void complete_send(Qp* qp, const SendWr& wr, ibv_wc_status status) {
   wc.vendor_err = status == IBV_WC_SUCCESS ? 0 : 0x81;
   wc.byte_len = static_cast<uint32_t>(wr.len);
   wc.qp_num = qp->base.qp_num;
-  cq_push(qp->scq, wc);
+  cq_push(qp->scq, wc, qp->sq_slots, wr.seq + 1);
 }
 
 void conn_kill(Context* ctx, Conn* c) {
@@ -556,7 +562,7 @@ void qp_to_error(Qp* qp) {
   for (const SendWr& wr : qp->sq) complete_send(qp, wr, IBV_WC_WR_FLUSH_ERR);
   qp->sq.clear();
   qp->tx_next = 0;
-  for (uint64_t id : qp->rq) complete_recv(qp, id, IBV_WC_WR_FLUSH_ERR, 0, 0);
+  for (const Qp::RecvWr& wr : qp->rq) complete_recv(qp, wr, IBV_WC_WR_FLUSH_ERR, 0, 0);
   qp->rq.clear();
   qp->fail_armed = false;
   qp->rewind = false;
@@ -572,6 +578,9 @@ void qp_reset(Qp* qp) {
   qp->remote = {};
   qp->sq.clear();
   qp->rq.clear();
+  qp->sq_slots = std::make_shared<Slots>();
+  qp->rq_slots = std::make_shared<Slots>();
+  qp->sq_posted = qp->rq_posted = 0;
   qp->tx_next = 0;
   qp->next_psn = 0;
   qp->peer_dead = false;
@@ -630,7 +639,9 @@ int post_send(ibv_qp* base, ibv_send_wr* wr, ibv_send_wr** bad) {
     SendWr w;
     w.wr_id = wr->wr_id;
     w.signaled = qp->sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+    w.seq = qp->sq_posted;
     if (state == IBV_QPS_ERR) {
+      ++qp->sq_posted;
       complete_send(qp, w, IBV_WC_WR_FLUSH_ERR);
       continue;
     }
@@ -649,8 +660,8 @@ int post_send(ibv_qp* base, ibv_send_wr* wr, ibv_send_wr** bad) {
       complain("QP %u: %d SGEs, the QP has max_send_sge %u", base->qp_num, wr->num_sge,
                qp->cap.max_send_sge);
       err = EINVAL;
-    } else if (qp->sq.size() >= qp->cap.max_send_wr) {
-      err = ENOMEM;  // the send queue is full
+    } else if (qp->sq_posted - qp->sq_slots->freed >= qp->cap.max_send_wr) {
+      err = ENOMEM;  // full: completions not polled (or no signaled WR among the last ones)
     }
     if (err) {
       *bad = wr;
@@ -686,6 +697,7 @@ int post_send(ibv_qp* base, ibv_send_wr* wr, ibv_send_wr** bad) {
     if (w.len > (1ull << 31)) w.fail = IBV_WC_LOC_LEN_ERR;
     const long nth = config().retry_exceeded_nth;
     if (nth > 0 && w.signaled && ++g_signaled_writes == nth) w.fail = IBV_WC_RETRY_EXC_ERR;
+    ++qp->sq_posted;
     w.psn = qp->next_psn;
     qp->next_psn = (qp->next_psn + 1) & kPsnMask;
     (w.with_imm ? stats().writes_with_imm : stats().writes)++;
@@ -710,17 +722,18 @@ int post_recv(ibv_qp* base, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       complain("QP %u: %d receive SGEs, max_recv_sge is %u", base->qp_num, wr->num_sge,
                qp->cap.max_recv_sge);
       err = EINVAL;
-    } else if (state != IBV_QPS_ERR && qp->rq.size() >= qp->cap.max_recv_wr) {
+    } else if (state != IBV_QPS_ERR && qp->rq_posted - qp->rq_slots->freed >= qp->cap.max_recv_wr) {
       err = ENOMEM;
     }
     if (err) {
       *bad = wr;
       return err;
     }
+    const Qp::RecvWr r{wr->wr_id, qp->rq_posted++};
     if (state == IBV_QPS_ERR)
-      complete_recv(qp, wr->wr_id, IBV_WC_WR_FLUSH_ERR, 0, 0);
+      complete_recv(qp, r, IBV_WC_WR_FLUSH_ERR, 0, 0);
     else
-      qp->rq.push_back(wr->wr_id);
+      qp->rq.push_back(r);
   }
   return 0;
 }
@@ -730,7 +743,11 @@ int poll_cq(ibv_cq* base, int n, ibv_wc* wc) {
   std::lock_guard<std::mutex> lk(cq->mu);
   int k = 0;
   while (k < n && !cq->entries.empty()) {
-    wc[k++] = cq->entries.front();
+    CqEntry& e = cq->entries.front();
+    wc[k++] = e.wc;
+    uint64_t freed = e.slots->freed.load();
+    while (freed < e.upto && !e.slots->freed.compare_exchange_weak(freed, e.upto)) {
+    }
     cq->entries.pop_front();
   }
   return k;

@@ -138,12 +138,16 @@ def stats_of(directory: Path, side: Side) -> dict:
     return json.loads((directory / f"verbs_emu.{side.proc.pid}.json").read_text())
 
 
-def test_write_with_imm_lands_with_its_bytes_and_imm(built, tmp_path):
+@pytest.mark.parametrize("gid_index", [0, 3])  # link-local, IPv4-mapped
+def test_write_with_imm_lands_with_its_bytes_and_imm(built, tmp_path, gid_index):
     stats = tmp_path / "stats"
     stats.mkdir()
     env = {"WEFT_VERBS_EMU_STATS": str(stats)}
-    send, recv = pair(built, tmp_path, "imm", send_env=env, recv_env=env)
+    opts = {"gid_index": gid_index}
+    send, recv = pair(built, tmp_path, "imm", env, env, opts, opts)
     assert "OK the bytes landed, and only there" in recv.lines
+    gid = next(x for x in send.lines if x.startswith("INFO")).split()[3]
+    assert gid.startswith("00000000000000000000ffff" if gid_index >= 2 else "fe80"), gid
     s, r = stats_of(stats, send), stats_of(stats, recv)
     assert (s["writes_with_imm"], s["writes"], s["payload_bytes"]) == (1, 0, 4000)
     assert (r["receives_consumed"], r["acks_sent"]) == (1, 1)

@@ -237,7 +237,10 @@ int poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 std::chrono::microseconds transport_timeout(const Qp* qp);
 std::chrono::microseconds rnr_delay(uint32_t min_rnr_timer);
 
-// GID layout: fe80:0000:'w''e''m'<index>:<pid, 4 bytes BE>:<instance, 4 bytes BE>.
+// GIDs, as a RoCE port's table has them: indices 0 and 1 link-local,
+// fe80:0000:'w''e''m'<index>:<pid, 4 bytes BE>:<instance, 4 bytes BE>; indices 2 and 3
+// IPv4-mapped, ::ffff:<pid << 8 | instance, BE> (link-local too if the pid or instance does not
+// fit). Each names the same context.
 ibv_gid make_gid(const Endpoint& e, int index);
 bool parse_gid(const ibv_gid& gid, Endpoint* e);
 constexpr int kGidTableLen = 4;

@@ -111,6 +111,12 @@ void write_stats() {
 
 ibv_gid make_gid(const Endpoint& e, int index) {
   ibv_gid g{};
+  if (index >= 2 && e.pid < (1u << 24) && e.instance < 256) {  // ::ffff:<pid, instance>
+    g.raw[10] = g.raw[11] = 0xff;
+    const uint32_t v = htonl(e.pid << 8 | e.instance);
+    std::memcpy(g.raw + 12, &v, 4);
+    return g;
+  }
   g.raw[0] = 0xfe;
   g.raw[1] = 0x80;
   g.raw[4] = 'w';
@@ -124,6 +130,15 @@ ibv_gid make_gid(const Endpoint& e, int index) {
 }
 
 bool parse_gid(const ibv_gid& g, Endpoint* e) {
+  static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(g.raw, kMapped, sizeof kMapped) == 0) {
+    uint32_t v;
+    std::memcpy(&v, g.raw + 12, 4);
+    v = ntohl(v);
+    e->pid = v >> 8;
+    e->instance = v & 0xff;
+    return true;
+  }
   if (g.raw[0] != 0xfe || g.raw[1] != 0x80 || g.raw[4] != 'w' || g.raw[5] != 'e' ||
       g.raw[6] != 'm' || g.raw[7] >= kGidTableLen)
     return false;

@@ -170,7 +170,7 @@ ibv_qp_attr rtr_attr(Side& s, size_t q = 0) {
   a.min_rnr_timer = static_cast<uint8_t>(opt("min_rnr_timer", 1));
   a.ah_attr.is_global = 1;
   a.ah_attr.grh.dgid = s.peer.gid;
-  a.ah_attr.grh.sgid_index = 0;
+  a.ah_attr.grh.sgid_index = static_cast<uint8_t>(opt("gid_index", 0));
   a.ah_attr.grh.hop_limit = 255;
   a.ah_attr.port_num = 1;
   return a;
@@ -226,7 +226,7 @@ void bring_up(Side& s, const std::string& scenario, const std::string& role) {
   }
   for (ibv_qp* qp : s.qps) to_init(s, qp);
   ibv_gid gid{};
-  L.query_gid(s.ctx, 1, 0, &gid);
+  L.query_gid(s.ctx, 1, static_cast<int>(opt("gid_index", 0)), &gid);
   std::string qpns;
   for (ibv_qp* qp : s.qps) qpns += (qpns.empty() ? "" : ",") + std::to_string(qp->qp_num);
   std::printf("INFO %s %u %s %u %lu\n", qpns.c_str(), psn, hex(gid).c_str(), s.mr->rkey,

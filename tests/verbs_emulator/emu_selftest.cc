@@ -292,15 +292,26 @@ void imm_send(Side& s) {
                             {reinterpret_cast<uintptr_t>(s.buf2), 1000, s.mr2->lkey}};
   check(post_write(s, true, 0x12345678, sges, s.peer.addr + 4096, s.peer.rkey, true, 7) == 0,
         "post write-with-imm");
-  auto wcs = poll_n(s, 1);
-  check(wcs.size() == 1 && wcs[0].status == IBV_WC_SUCCESS && wcs[0].wr_id == 7 &&
-            wcs[0].opcode == IBV_WC_RDMA_WRITE,
-        "send completion");
+  // A zero-length one, as weft sends for a message of no bytes: no SGE, no key checked.
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 8;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(42);
+  check(s.ctx->ops.post_send(s.qp, &wr, &bad) == 0, "post a zero-length write-with-imm");
+  auto wcs = poll_n(s, 2);
+  check(wcs.size() == 2 && wcs[0].status == IBV_WC_SUCCESS && wcs[0].wr_id == 7 &&
+            wcs[0].opcode == IBV_WC_RDMA_WRITE && wcs[1].status == IBV_WC_SUCCESS &&
+            wcs[1].wr_id == 8,
+        "send completions");
 }
 
 void imm_recv(Side& s) {
-  auto wcs = poll_n(s, 1);
-  bool ok = wcs.size() == 1 && wcs[0].status == IBV_WC_SUCCESS && wcs[0].wr_id == 1 &&
+  auto wcs = poll_n(s, 2);
+  check(wcs.size() == 2 && wcs[1].status == IBV_WC_SUCCESS && wcs[1].byte_len == 0 &&
+            ntohl(wcs[1].imm_data) == 42 && wcs[1].wr_id == 2,
+        "zero-length write-with-imm received");
+  bool ok = wcs.size() >= 1 && wcs[0].status == IBV_WC_SUCCESS && wcs[0].wr_id == 1 &&
             wcs[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wcs[0].wc_flags & IBV_WC_WITH_IMM) &&
             ntohl(wcs[0].imm_data) == 0x12345678 && wcs[0].byte_len == 4000 &&
             wcs[0].qp_num == s.qp->qp_num && wcs[0].src_qp == s.peer.qpn;
@@ -666,7 +677,7 @@ int main(int argc, char** argv) {
   bring_up(s, scenario, role);
   if (role == "recv") {
     int receives = 0;
-    if (scenario == "imm") receives = 1;
+    if (scenario == "imm") receives = 2;
     if (scenario == "order") receives = 64;
     if (scenario == "rkey" || scenario == "bounds" || scenario == "access") receives = 2;
     if (scenario == "overflow") receives = 10;

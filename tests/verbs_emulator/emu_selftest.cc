@@ -8,9 +8,12 @@
 // scenario and prints "OK <what>" or "FAIL <what>" lines (exit status 1 on any FAIL).
 // Options: rnr_retry, min_rnr_timer, timeout, retry_cnt, cqe, n.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cerrno>
@@ -212,6 +215,35 @@ void check_refusals(Side& s, const char* when) {
         std::string("post_send refused in ") + when);
 }
 
+// What the emulator refuses rather than pretends.
+void check_misuse(Side& s) {
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.opcode = IBV_WR_SEND;
+  check(s.ctx->ops.post_send(s.qp, &wr, &bad) == EINVAL && bad == &wr, "IBV_WR_SEND refused");
+  ibv_qp_init_attr ud{};
+  ud.send_cq = ud.recv_cq = s.cq;
+  ud.qp_type = IBV_QPT_UD;
+  ud.cap.max_send_wr = ud.cap.max_recv_wr = 1;
+  errno = 0;
+  check(L.create_qp(s.pd, &ud) == nullptr && errno == EOPNOTSUPP, "UD QP refused");
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  munmap(page, 4096);
+  errno = 0;
+  check(L.reg_mr(s.pd, page, 4096, IBV_ACCESS_LOCAL_WRITE) == nullptr && errno == EFAULT,
+        "unmapped memory not registered");
+  errno = 0;
+  check(L.reg_mr(s.pd, s.buf, 64, IBV_ACCESS_REMOTE_WRITE) == nullptr && errno == EINVAL,
+        "remote write without local write refused");
+  check(L.dealloc_pd(s.pd) == EBUSY, "a PD in use is not freed");
+  const int flags = fcntl(s.ctx->async_fd, F_GETFL);
+  fcntl(s.ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
+  ibv_async_event ev{};
+  errno = 0;
+  check(L.get_async_event(s.ctx, &ev) == -1 && errno == EAGAIN,
+        "no event on a non-blocking async_fd: EAGAIN");
+  fcntl(s.ctx->async_fd, F_SETFL, flags);
+}
+
 void bring_up(Side& s, const std::string& scenario, const std::string& role) {
   const uint32_t psn = role == "send" ? 0x1234 : 0xabcde;
   if (scenario == "states") {
@@ -267,7 +299,10 @@ void bring_up(Side& s, const std::string& scenario, const std::string& role) {
     ibv_qp_attr r = rts_attr(psn);
     check(L.modify_qp(qp, &r, rts_mask()) == 0, "modify to RTS");
   }
-  if (scenario == "states") check(state_of(s) == IBV_QPS_RTS, "query_qp says RTS");
+  if (scenario == "states") {
+    check(state_of(s) == IBV_QPS_RTS, "query_qp says RTS");
+    check_misuse(s);
+  }
 }
 
 void expect_statuses(const std::vector<ibv_wc>& wcs, const std::vector<ibv_wc_status>& want,
@@ -592,6 +627,17 @@ void busy_send(Side& s) {
   check(poll_n(s, 1, 0).empty(), "nothing completed yet");
 }
 
+int entries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+int open_fds() { return entries("/proc/self/fd"); }
+int threads() { return entries("/proc/self/task"); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -632,6 +678,7 @@ int main(int argc, char** argv) {
   resolve(h, "ibv_wc_status_str", L.wc_status_str);
   check(dlsym(h, "ibv_reg_dmabuf_mr") == nullptr, "ibv_reg_dmabuf_mr is not exported");
 
+  const int fds_before = open_fds();
   int n = -1;
   ibv_device** list = L.get_device_list(&n);
   if (scenario == "nodevice") {
@@ -729,6 +776,8 @@ int main(int argc, char** argv) {
     check(event_rc == -1 && event_errno == EIO,
           "ibv_get_async_event blocked at close returned -1 (EIO)");
   }
+  check(open_fds() == fds_before, "every fd the emulator opened is closed");
+  check(threads() == 1, "no thread left running");
   std::printf("DONE\n");
   return g_failures ? 1 : 0;
 }

@@ -91,7 +91,7 @@ def test_a_killed_worker_ends_the_job_within_the_timeout(tmp_path):
     assert processes_with_token(token) == [], "processes left behind"
 
 
-STEPS, SAVE_EVERY = 2000, 100
+STEPS, SAVE_EVERY = 600, 50
 
 
 def test_torchrun_restarts_the_group_and_ddp_resumes_from_its_checkpoint(tmp_path):

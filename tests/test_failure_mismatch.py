@@ -1,7 +1,8 @@
 """Ranks that call different collectives (docs/failures.md#mismatched-calls), world size 4.
 
-With WEFT_DEBUG_CHECKS=1 every rank raises within 2 s an error listing each rank's (op, count,
-dtype, root, sequence number), and the communicator stays usable. In the default mode every
+With WEFT_DEBUG_CHECKS=1, or torch's TORCH_DISTRIBUTED_DEBUG=DETAIL through torch.distributed,
+every rank raises within 2 s an error listing each rank's (op, count, dtype, root, sequence
+number), and the communicator stays usable. In the default mode every
 mismatch (count 1000 against 1001, dtype, op, root, order), at a size of one message and of
 many, over every algorithm family, ends in an error or in the right bytes: never a success
 with wrong bytes."""
@@ -84,11 +85,9 @@ def scenario_debug(rank, size, store):
     return got
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_debug_checks_list_every_rank_call_on_every_rank(transport):
-    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off", "WEFT_DEBUG_CHECKS": "1"}
-    with Ranks(scenario_debug, 4, env=env) as ranks:
-        results = ranks.results(timeout=180)
+def debug_problems(results, kind: str) -> list[str]:
+    """Every rank raised the debug check's ``kind`` of error in every case, within the bound,
+    listing every rank's (op, count, dtype, root, sequence number); the group stayed usable."""
     problems = []
     for rank, got in enumerate(results):
         if not got["usable"]:
@@ -97,8 +96,8 @@ def test_debug_checks_list_every_rank_call_on_every_rank(transport):
             for info in got[case]:
                 message = info.get("message") or ""
                 where = f"rank {rank}, {case}"
-                if info["raised"] != "PeerError" or "WEFT_DEBUG_CHECKS" not in message:
-                    problems.append(f"{where}: expected the debug check's PeerError: {info}")
+                if info["raised"] != kind or "WEFT_DEBUG_CHECKS" not in message:
+                    problems.append(f"{where}: expected the debug check's {kind}: {info}")
                     continue
                 if info["elapsed"] > DEBUG_BOUND_S:
                     problems.append(f"{where}: raised after {info['elapsed']:.1f} s")
@@ -107,6 +106,69 @@ def test_debug_checks_list_every_rank_call_on_every_rank(transport):
                     problems.append(f"{where}: does not list every rank's call: {message!r}")
                 if "seq=" not in message or "root=" not in message:
                     problems.append(f"{where}: no root or sequence number: {message!r}")
+    return problems
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_debug_checks_list_every_rank_call_on_every_rank(transport):
+    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off", "WEFT_DEBUG_CHECKS": "1"}
+    with Ranks(scenario_debug, 4, env=env) as ranks:
+        results = ranks.results(timeout=180)
+    problems = debug_problems(results, "PeerError")
+    assert not problems, "\n".join(problems)
+
+
+def torch_calls(case: str, rank: int, size: int, odd: bool):
+    """The same cases through torch.distributed (calls() has the core API's)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((SMALL,), float(rank + 1))
+    if case == "count":
+        return [lambda: dist.all_reduce(torch.ones(SMALL + 1) if odd else t)]
+    if case == "dtype":
+        return [lambda: dist.all_reduce(t.int() if odd else t)]
+    if case == "op":
+        return [lambda: dist.broadcast(t, 0) if odd else dist.all_reduce(t)]
+    if case == "root":
+        return [lambda: dist.broadcast(t, 1 if odd else 0)]
+    gathered = [torch.zeros(SMALL) for _ in range(size)]
+    pair = [
+        lambda: dist.all_reduce(t, async_op=True),
+        lambda: dist.all_gather(gathered, t.clone(), async_op=True),
+    ]
+    return pair[::-1] if odd else pair
+
+
+def scenario_torch_detail(rank, size, store):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL, WEFT_DEBUG_CHECKS unset: the calls through torch."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import weft  # noqa: F401 - registers the backend
+
+    dist.init_process_group(
+        "weft", store=store, rank=rank, world_size=size, timeout=timedelta(seconds=30)
+    )
+    got = {}
+    for case in CASES:
+        made = [(call, lambda: True) for call in torch_calls(case, rank, size, rank == ODD)]
+        got[case] = run_calls(made)
+    after = torch.full((7,), float(rank + 1))
+    dist.all_reduce(after)
+    got["usable"] = bool(torch.all(after == size * (size + 1) / 2))
+    dist.destroy_process_group()
+    return got
+
+
+def test_torch_detail_debug_turns_on_the_checks_through_torch():
+    """Under torch's DETAIL, init_process_group("weft") works (torch's ProcessGroupWrapper is
+    not put around weft's groups) and weft's checks list every rank's call."""
+    env = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "WEFT_TUNE": "off"}
+    with Ranks(scenario_torch_detail, 4, env=env) as ranks:
+        results = ranks.results(timeout=180)
+    problems = debug_problems(results, "DistBackendError")
     assert not problems, "\n".join(problems)
 
 

@@ -1,12 +1,13 @@
 """torchrun and a killed worker (issue 45, item 10). Without restarts: with a weft process
 group of timeout T, SIGKILLing one worker in the middle of its allreduces makes the job exit
 non-zero within T + 5 s, leaving no process behind. With --max-restarts 1: torchrun restarts
-the group, whose new weft communicators bootstrap again, and a training loop resumes from its
-checkpoint to the same weights as an uninterrupted run (computed here with torch alone)."""
+the group, whose new weft communicators bootstrap again, and examples/ddp.py resumes from its
+checkpoint to the very model (parameters and optimizer state) an uninterrupted run ends with."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,31 +20,32 @@ import weft.local
 from weft_proc import TOKEN_VAR, processes_with_token
 
 TESTS = Path(__file__).resolve().parent
+DDP_EXAMPLE = TESTS.parent / "examples" / "ddp.py"
 T_S = 10.0
 WORKERS = 3
 
 
-def run_and_kill(tmp_path, restarts: int, script: str, *args: str) -> tuple[int, float, str, str]:
-    """Starts torchrun, SIGKILLs rank 1 once every worker wrote its pid; (exit code, seconds
-    from the kill to the exit, output, token)."""
-    token = uuid.uuid4().hex
+def torchrun(restarts: int, script: Path, *args: str, token: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORKERS),
             "--max-restarts", str(restarts), "--master-port", str(weft.local.free_port()),
-            str(TESTS / script), str(tmp_path), *args]  # fmt: skip
+            str(script), *args]  # fmt: skip
     env = {**os.environ, TOKEN_VAR: token, "OMP_NUM_THREADS": "1", "WEFT_TUNE": "off"}
-    job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def run_and_kill(victim, restarts: int, script: Path, *args: str) -> tuple[int, float, str, str]:
+    """Starts torchrun and SIGKILLs the worker ``victim(token)`` returns once it returns one;
+    (exit code, seconds from the kill to the exit, output, token)."""
+    token = uuid.uuid4().hex
+    job = torchrun(restarts, script, *args, token=token)
     try:
         deadline = time.monotonic() + 120
-        pids = {}
-        while len(pids) < WORKERS and time.monotonic() < deadline and job.poll() is None:
-            for f in tmp_path.glob("rank*.pid"):
-                if f.read_text():
-                    pids[f.stem] = int(f.read_text())
+        pid = None
+        while pid is None and time.monotonic() < deadline and job.poll() is None:
+            pid = victim(token)
             time.sleep(0.05)
-        assert len(pids) == WORKERS, f"workers never ran: {job.poll()}"
-        for f in tmp_path.glob("rank*.pid"):
-            f.unlink()
-        os.kill(pids["rank1"], signal.SIGKILL)
+        assert pid, f"the workers never got far enough: {job.poll()}"
+        os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         rc = job.wait(120)
         took = time.monotonic() - killed
@@ -55,27 +57,68 @@ def run_and_kill(tmp_path, restarts: int, script: str, *args: str) -> tuple[int,
     return rc, took, output, token
 
 
+def rank1_once_all_wrote_pids(out: Path):
+    """For torchrun_loop.py: rank 1's pid, once every worker wrote its own into ``out``."""
+
+    def victim(_token):
+        pids = {f.stem: f.read_text() for f in out.glob("rank*.pid")}
+        if len(pids) < WORKERS or not all(pids.values()):
+            return None
+        return int(pids["rank1"])
+
+    return victim
+
+
+def worker_of_rank(token: str, rank: int) -> int | None:
+    """The live torchrun worker of ``rank`` among the processes carrying ``token``."""
+    for pid in processes_with_token(token, kill=False):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=" in b" ".join(environ):
+            return pid
+    return None
+
+
 def test_a_killed_worker_ends_the_job_within_the_timeout(tmp_path):
-    rc, took, output, token = run_and_kill(tmp_path, 0, "torchrun_loop.py", str(T_S), "120")
+    victim = rank1_once_all_wrote_pids(tmp_path)
+    script = TESTS / "torchrun_loop.py"
+    rc, took, output, token = run_and_kill(victim, 0, script, str(tmp_path), str(T_S), "120")
     assert rc != 0, output[-3000:]
     assert took < T_S + 5, f"the job took {took:.1f} s to end after the kill\n{output[-3000:]}"
     time.sleep(0.5)
     assert processes_with_token(token) == [], "processes left behind"
 
 
-STEPS = 300
+STEPS, SAVE_EVERY = 600, 50
 
 
-def test_torchrun_restarts_the_group_and_training_resumes_from_its_checkpoint(tmp_path):
-    import torchrun_resume as worker
+def test_torchrun_restarts_the_group_and_ddp_resumes_from_its_checkpoint(tmp_path):
+    """A worker killed once the example saved its first checkpoint; the restarted group
+    resumes from a checkpoint and ends where an uninterrupted run does, bit for bit."""
+    flags = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY)]
+    reference = tmp_path / "uninterrupted.pt"
+    token = uuid.uuid4().hex
+    job = torchrun(0, DDP_EXAMPLE, *flags, "--checkpoint", str(reference), token=token)
+    output = job.communicate(timeout=180)[0].decode(errors="replace")
+    assert job.returncode == 0, output[-3000:]
 
-    rc, _, output, token = run_and_kill(tmp_path, 1, "torchrun_resume.py", str(STEPS))
+    restarted = tmp_path / "restarted.pt"
+
+    def victim(token):
+        return worker_of_rank(token, 1) if restarted.exists() else None
+
+    flags += ["--checkpoint", str(restarted)]
+    rc, _, output, token = run_and_kill(victim, 1, DDP_EXAMPLE, *flags)
     assert rc == 0, output[-3000:]
-    final = torch.load(tmp_path / "final.pt")
-    assert 0 < final["resumed_from"] < STEPS, f"did not resume: {final['resumed_from']}"
-    w = torch.zeros(64).double()
-    for step in range(STEPS):
-        g = sum(worker.gradient(r, step) for r in range(WORKERS))
-        w -= worker.LR * g / WORKERS
-    assert torch.allclose(final["w"], w, rtol=0, atol=1e-9), (final["w"] - w).abs().max()
+    resumed = {int(s) for s in re.findall(r"rank \d+: resumed from step (\d+)", output)}
+    assert len(resumed) == 1 and 0 < min(resumed) < STEPS, f"did not resume: {output[-3000:]}"
+    assert sorted(re.findall(r"rank (\d+): ok", output)) == ["0", "1", "2"], output[-3000:]
+    want, got = torch.load(reference), torch.load(restarted)
+    assert got["step"] == want["step"] == STEPS
+    for name, tensor in want["model"].items():
+        assert torch.equal(got["model"][name], tensor), f"{name} differs from the uninterrupted run"
+    momenta = zip(got["optimizer"]["state"].values(), want["optimizer"]["state"].values())
+    assert all(torch.equal(a["momentum_buffer"], b["momentum_buffer"]) for a, b in momenta)
     assert processes_with_token(token) == [], "processes left behind"

@@ -41,6 +41,30 @@ def register() -> None:
         return
     devices = ["cpu", "cuda"] if torch.version.cuda else ["cpu"]
     dist.Backend.register_backend(NAME, _create_backend, extended_api=True, devices=devices)
+    _keep_weft_groups_unwrapped()
+
+
+def _keep_weft_groups_unwrapped() -> None:
+    """Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch wraps every backend in its
+    ProcessGroupWrapper, which checks each collective's op, shapes and dtypes on a gloo group
+    of its own and names two ranks that differ; it also wants sequence numbers that weft's
+    backend does not keep, so that ``init_process_group("weft")`` would fail. DETAIL turns on
+    weft's own checks (WEFT_DEBUG_CHECKS), which compare op, count, dtype, root, reduce op and
+    sequence number on weft's connections and list every rank's call: weft's groups are left
+    unwrapped, every other backend's wrapped as before."""
+    from torch.distributed import distributed_c10d as c10d
+
+    wrap = getattr(c10d, "_create_process_group_wrapper", None)
+    if wrap is None or getattr(wrap, "weft_leaves_unwrapped", False):
+        return
+
+    def create_process_group_wrapper(wrapped_pg, *args, **kwargs):
+        if wrapped_pg.name() == NAME:
+            return wrapped_pg
+        return wrap(wrapped_pg, *args, **kwargs)
+
+    create_process_group_wrapper.weft_leaves_unwrapped = True
+    c10d._create_process_group_wrapper = create_process_group_wrapper
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:

@@ -128,6 +128,25 @@ PeerAddress decode(const std::vector<uint8_t>& bytes, const std::string& key) {
 
 std::string secret_key(const std::string& prefix) { return prefix + "/secret"; }
 
+// Rank r's entry; the Store's wait for it ends with its own error (its
+// timeout) when r never published one: r died before it reached the Store,
+// never started, or is still on its way, which no rank can tell apart.
+std::vector<uint8_t> read_address(Store& store, const std::string& key, const std::string& me,
+                                  int r) {
+  try {
+    return store.get(key);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Only the store's timeout is that (an interrupt, say, passes through).
+    const std::string text = e.what();
+    if (text.find("imeout") == std::string::npos) throw;
+    throw TimeoutError(me + ": rank " + std::to_string(r) +
+                       " never joined: its address did not appear in the store (it died before " +
+                       "reaching the store, never started, or is slow to start): " + e.what());
+  }
+}
+
 }  // namespace
 
 Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sockets_per_peer,
@@ -183,7 +202,7 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
       continue;
     }
     std::string key = prefix + "/addr/" + std::to_string(r);
-    peers_[r] = decode(store.get(key), key);
+    peers_[r] = decode(read_address(store, key, me, r), key);
     if (peers_[r].size != size) {
       throw InvalidArgument("world size mismatch: this rank (" + std::to_string(rank) +
                             ") was created with size " + std::to_string(size) + " but rank " +
@@ -208,14 +227,18 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
   // lower ranks answered, so the waits form no cycle.
   sockets_.resize(size);
   for (auto& per_peer : sockets_) per_peer.resize(sockets_per_peer);
-  for (int r = 0; r < rank; ++r) {
+  // A peer on this host that listens everywhere is reached over loopback.
+  std::vector<ListenerWatch::Target> reach(size);
+  for (int r = 0; r < size; ++r) {
     const PeerAddress& p = peers_[r];
-    // A peer on this host that listens everywhere is reached over loopback.
-    std::string ip = p.host_id == self.host_id && p.listens_any ? "127.0.0.1" : p.ip;
+    reach[r] = {p.host_id == self.host_id && p.listens_any ? "127.0.0.1" : p.ip, p.port};
+  }
+  for (int r = 0; r < rank; ++r) {
+    const ListenerWatch::Target& at = reach[r];
     for (int i = 0; i < sockets_per_peer; ++i) {
-      std::string what = me + " connecting to rank " + std::to_string(r) + " at " + ip + ":" +
-                         std::to_string(p.port);
-      sockets_[r][i] = connect_peer(ip, p.port, identity, r, i, deadline, what);
+      std::string what = me + " connecting to rank " + std::to_string(r) + " at " + at.ip + ":" +
+                         std::to_string(at.port);
+      sockets_[r][i] = connect_peer(at.ip, at.port, identity, r, i, deadline, what);
     }
   }
 
@@ -231,7 +254,14 @@ Mesh::Mesh(Store& store, const std::string& prefix, int rank, int size, int sock
     std::snprintf(seconds, sizeof(seconds), "%g", timeout_s);
     return me + ": timed out after " + seconds + " s waiting for rank(s) " + list + " to connect";
   };
-  accept_peers(listener, identity, sockets_, deadline, missing);
+  auto left = [&](int r) {
+    return me + ": rank " + std::to_string(r) +
+           " left before its connections to this rank were made: its " + "listener at " +
+           reach[r].ip + ":" + std::to_string(reach[r].port) +
+           " is gone (its process died, or its communicator creation failed)";
+  };
+  ListenerWatch watch(reach);
+  accept_peers(listener, identity, sockets_, deadline, missing, watch, left);
 
   for (int r = 0; r < size; ++r) {
     for (Socket& s : sockets_[r]) {

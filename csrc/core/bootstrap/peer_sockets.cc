@@ -24,10 +24,17 @@ namespace {
 // within a round trip, and is retried if it was dropped all the same).
 constexpr size_t kMaxPending = 128;
 
-// Errors after which the peer may still come up (or its backlog drain).
+// A rank that owes us a socket waits for it with its listener open
+// (listener_watch.h), so each rank is watched once the mesh has taken this
+// long: a quick bootstrap makes no extra connection.
+constexpr double kWatchAfterS = 0.5;
+
+// Errors after which the peer may still come up (or its backlog drain). Not
+// ECONNREFUSED: the address comes from the Store, published once the rank
+// listened, so a refusal means its listener is gone.
 bool retryable(int err) {
-  return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET || err == ECONNABORTED ||
-         err == ENETUNREACH || err == EHOSTUNREACH || err == EAGAIN;
+  return err == ETIMEDOUT || err == ECONNRESET || err == ECONNABORTED || err == ENETUNREACH ||
+         err == EHOSTUNREACH || err == EAGAIN;
 }
 
 void pause(int& pause_ms, const Deadline& deadline) {
@@ -64,6 +71,10 @@ Socket connect_to(const std::string& ip, uint16_t port, const Deadline& deadline
       if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
     }
     if (err == 0) return s;
+    if (err == ECONNREFUSED) {
+      throw PeerError(what + ": connection refused: that rank has left (its process died, or " +
+                      "its communicator creation failed) after it published this address");
+    }
     if (!retryable(err)) throw_system_error(what, err);
     if (deadline.expired()) {
       throw TimeoutError(what + ": timed out (last error: " + std::strerror(err) + ")");
@@ -238,22 +249,43 @@ Socket connect_peer(const std::string& ip, uint16_t port, const MeshIdentity& me
 
 void accept_peers(Socket& listener, const MeshIdentity& me,
                   std::vector<std::vector<Socket>>& sockets, const Deadline& deadline,
-                  const std::function<std::string()>& missing) {
+                  const std::function<std::string()>& missing, ListenerWatch& watch,
+                  const std::function<std::string(int)>& left) {
   Acceptor acceptor(me, sockets);
   int expected = (me.size - 1 - me.rank) * me.sockets_per_peer;
+  const Deadline watch_from(kWatchAfterS);
   std::vector<pollfd> fds;
   std::vector<std::list<Pending>::iterator> order;
   while (expected > 0) {
+    if (watch_from.expired()) {
+      for (int r = me.rank + 1; r < me.size; ++r) {
+        bool owed = std::any_of(sockets[r].begin(), sockets[r].end(),
+                                [](const Socket& s) { return !s.valid(); });
+        if (!owed) {
+          watch.forget(r);
+        } else if (!watch.watch(r)) {
+          throw PeerError(left(r));
+        }
+      }
+    }
     fds.assign(1, pollfd{listener.fd(), POLLIN, 0});
     order.clear();
     for (auto p = acceptor.pending().begin(); p != acceptor.pending().end(); ++p) {
       fds.push_back(pollfd{p->socket.fd(), POLLIN, 0});
       order.push_back(p);
     }
-    int n = ::poll(fds.data(), fds.size(), deadline.remaining_ms());
+    const size_t watched_at = fds.size();
+    watch.add_pollfds(fds);
+    int wait_ms = deadline.remaining_ms();
+    if (!watch_from.expired()) wait_ms = std::min(wait_ms, watch_from.remaining_ms() + 1);
+    int n = ::poll(fds.data(), fds.size(), wait_ms);
     if (n < 0 && errno != EINTR) throw_system_error("bootstrap: poll", errno);
     if (n == 0 && deadline.expired()) throw TimeoutError(missing());
     if (n <= 0) continue;
+    for (size_t i = 0; i < watch.ranks().size(); ++i) {
+      if (!watch.still_there(i, fds[watched_at + i].revents))
+        throw PeerError(left(watch.ranks()[i]));
+    }
     // Pending connections first: accepting may shed some of them.
     for (size_t i = 0; i < order.size() && expected > 0; ++i) {
       if (fds[i + 1].revents != 0) acceptor.advance(order[i], expected);

@@ -145,11 +145,11 @@ def scenario_torch_abort(rank, size, store, rounds, how):
         acts = i % 2 == 0 or rank == (i // 2) % size
         acted = {}
 
+        group = dist.group.WORLD  # held, as a program may: destroying must not wait for it
+
         def act():
-            # No reference to the group is kept here: one would keep weft's communicator
-            # alive past destroy_process_group() (docs/failures.md).
             acted["at"] = time.time()
-            dist.group.WORLD.abort() if how == "abort" else dist.destroy_process_group()
+            group.abort() if how == "abort" else dist.destroy_process_group()
             acted["took"] = time.time() - acted["at"]
 
         timer = threading.Timer(rng.uniform(0.01, 0.1), act) if acts else None

@@ -122,6 +122,8 @@ class Communicator {
   std::shared_ptr<Work> recv(void* buf, size_t bytes, int peer, uint32_t tag, bool async);
   // Fails this and every later operation and wakes the peers with an error.
   void abort(const std::string& reason);
+  // Whether an operation is running or queued.
+  bool busy() { return queue_.busy(); }
 
   // What a PlanSource is asked: the call of its collective, and this
   // communicator's message size and FIFO depth (the checker's slot_bytes and

@@ -38,6 +38,13 @@ WeftBackend::~WeftBackend() {
 
 void WeftBackend::abort() { comm_->abort("ProcessGroup.abort() on rank " + std::to_string(rank_)); }
 
+void WeftBackend::shutdown() {
+  if (comm_->busy()) {
+    comm_->abort("destroy_process_group() on rank " + std::to_string(rank_) +
+                 " during an operation");
+  }
+}
+
 void WeftBackend::setTimeout(std::chrono::milliseconds timeout) {
   try {
     comm_->set_timeout(std::chrono::duration<double>(timeout).count());

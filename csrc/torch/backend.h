@@ -35,6 +35,12 @@ class WeftBackend : public c10d::Backend {
   // at once, and the peers' with them. The GPU transports (cuda_ipc, nccl)
   // are left as they are.
   void abort() override;
+  // destroy_process_group(): aborts as abort() does while an operation is in
+  // flight (another thread waits in one of this group's collectives), so
+  // that it and the peers' return; an idle group is left as it is and closes
+  // when its last reference goes (aborting it would fail peers still
+  // finishing their last operation).
+  void shutdown() override;
   // ProcessGroup.set_timeout(): the timeout of every later operation.
   void setTimeout(std::chrono::milliseconds timeout) override;
 

@@ -36,6 +36,11 @@ void OpQueue::run(Entry& entry) {
   completing = outer;
 }
 
+bool OpQueue::busy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_ || !queue_.empty();
+}
+
 std::shared_ptr<Work> OpQueue::submit(Op op, bool async) {
   Entry entry{std::move(op), 0, std::make_shared<Work>()};
   std::unique_lock<std::mutex> lock(mu_);

@@ -30,6 +30,8 @@ class OpQueue {
 
   // async=false: returns once the op finished, rethrowing its error.
   std::shared_ptr<Work> submit(Op op, bool async);
+  // Whether an operation is running or waiting to run.
+  bool busy();
 
  private:
   struct Entry {

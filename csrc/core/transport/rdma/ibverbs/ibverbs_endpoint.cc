@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
@@ -24,6 +25,7 @@
 #include "core/common/error.h"
 #include "core/transport/rdma/ibverbs/ib_device.h"
 #include "core/transport/rdma/ibverbs/libibverbs.h"
+#include "core/transport/rdma/rdma_wire.h"
 
 namespace weft {
 namespace {
@@ -31,6 +33,9 @@ namespace {
 constexpr int kSendDepth = 256;                // per QP; twice as many receives
 constexpr int kMaxQps = 16;                    // config's bound on WEFT_IB_QPS_PER_PEER
 constexpr uint64_t kReceiveId = ~uint64_t{0};  // never a write's id
+constexpr uint64_t kGoodbyeId = kReceiveId - 1;
+// How long close() waits for its goodbye to land.
+constexpr std::chrono::milliseconds kGoodbyeWait{100};
 constexpr int kPollBatch = 16;
 
 // What each side sends the other, once.
@@ -194,9 +199,13 @@ class IbEndpoint : public RdmaEndpoint {
       const size_t qp = qp_index(c.qp_num);
       if (c.status != IBV_WC_SUCCESS) completion_error(c);
       if (c.wr_id == kReceiveId) {
-        out[got++] = Completion{Completion::Kind::Remote, 0, ntohl(c.imm_data)};
+        const uint32_t imm = ntohl(c.imm_data);
+        if (imm == rdma_wire::kClosingImmediate) {
+          throw PeerError(name() + ": the peer closed the connection");
+        }
+        out[got++] = Completion{Completion::Kind::Remote, 0, imm};
         post_receive(qps_[qp]);
-      } else {
+      } else if (c.wr_id != kGoodbyeId) {
         --outstanding_[qp];
         out[got++] = Completion{Completion::Kind::Local, c.wr_id, 0};
       }
@@ -209,6 +218,7 @@ class IbEndpoint : public RdmaEndpoint {
   void close() override {
     if (closed_) return;
     closed_ = true;
+    say_goodbye();
     // Into the error state: nothing lands in our memory any more, and the
     // peer's writes fail.
     for (ibv_qp* qp : qps_) {
@@ -222,6 +232,30 @@ class IbEndpoint : public RdmaEndpoint {
   std::string name() const override { return "ibverbs/" + device_->name(); }
 
  private:
+  // RC has no disconnect event: an empty write with kClosingImmediate tells
+  // the peer, which would otherwise notice only when it next writes. Waits
+  // (briefly) until it landed, since the error state that follows discards
+  // what has not gone out.
+  void say_goodbye() {
+    if (qps_.empty() || outstanding_[0] >= send_depth_) return;
+    ibv_send_wr wr{};
+    wr.wr_id = kGoodbyeId;
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(rdma_wire::kClosingImmediate);
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(qps_[0], &wr, &bad) != 0) return;
+    const auto until = std::chrono::steady_clock::now() + kGoodbyeWait;
+    ibv_wc wc[kPollBatch];
+    while (std::chrono::steady_clock::now() < until) {
+      const int n = ibv_poll_cq(cq_, kPollBatch, wc);
+      if (n < 0) return;
+      for (int i = 0; i < n; ++i) {
+        if (wc[i].wr_id == kGoodbyeId) return;
+      }
+    }
+  }
+
   [[noreturn]] void fail_setup(const std::string& what) {
     throw Error("ibverbs " + device_->name() + ": " + what + " failed: " + std::strerror(errno));
   }

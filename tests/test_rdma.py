@@ -121,11 +121,11 @@ def scenario_bad_key(rank, size, store, timeout_s):
 # What each back end reports for a write the peer's memory key refuses, as a rank first
 # notices it. ofi's tcp provider fails the write at the initiator, or closes the connection
 # over it (FI_SHUTDOWN on both sides). Over verbs the writer's completion fails with
-# IBV_WC_REM_ACCESS_ERR and its QP goes to the error state; the target's QP reports an access
-# error, or its writes are flushed.
+# IBV_WC_REM_ACCESS_ERR, and both QPs go to the error state: the target's posted receives
+# are flushed.
 BAD_KEY_MESSAGES = {
     "ofi": ("write failed", "FI_SHUTDOWN"),
-    "ibverbs": ("remote access error", "access", "Flushed"),
+    "ibverbs": ("remote access error", "Work Request Flushed Error"),
 }
 
 

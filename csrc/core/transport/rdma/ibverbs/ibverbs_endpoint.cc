@@ -201,6 +201,7 @@ class IbEndpoint : public RdmaEndpoint {
       if (c.wr_id == kReceiveId) {
         const uint32_t imm = ntohl(c.imm_data);
         if (imm == rdma_wire::kClosingImmediate) {
+          peer_closed_ = true;
           throw PeerError(name() + ": the peer closed the connection");
         }
         out[got++] = Completion{Completion::Kind::Remote, 0, imm};
@@ -236,8 +237,10 @@ class IbEndpoint : public RdmaEndpoint {
   // the peer, which would otherwise notice only when it next writes. Waits
   // (briefly) until it landed, since the error state that follows discards
   // what has not gone out.
+  // A peer that closed first is not told (its QPs are gone: the write would
+  // wait for its retries).
   void say_goodbye() {
-    if (qps_.empty() || outstanding_[0] >= send_depth_) return;
+    if (qps_.empty() || outstanding_[0] >= send_depth_ || peer_closed()) return;
     ibv_send_wr wr{};
     wr.wr_id = kGoodbyeId;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -254,6 +257,22 @@ class IbEndpoint : public RdmaEndpoint {
         if (wc[i].wr_id == kGoodbyeId) return;
       }
     }
+  }
+
+  // Whether the peer's goodbye has come (now or before), reading what the
+  // CQ holds: the connection is closing, nobody else wants it.
+  bool peer_closed() {
+    ibv_wc wc[kPollBatch];
+    for (int n; !peer_closed_ && (n = ibv_poll_cq(cq_, kPollBatch, wc)) > 0;) {
+      for (int i = 0; i < n; ++i) {
+        const ibv_wc& c = wc[i];
+        if (c.status == IBV_WC_SUCCESS && c.wr_id == kReceiveId &&
+            ntohl(c.imm_data) == rdma_wire::kClosingImmediate) {
+          peer_closed_ = true;
+        }
+      }
+    }
+    return peer_closed_;
   }
 
   [[noreturn]] void fail_setup(const std::string& what) {
@@ -356,7 +375,7 @@ class IbEndpoint : public RdmaEndpoint {
   size_t next_qp_ = 0;
   int send_depth_ = 0, receive_depth_ = 0;
   uint64_t faults_seen_ = 0;
-  bool closed_ = false;
+  bool closed_ = false, peer_closed_ = false;
 };
 
 }  // namespace

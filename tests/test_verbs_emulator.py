@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -29,9 +30,10 @@ def built() -> tuple[Path, Path]:
 class Side:
     """One emu_selftest process; its stdout read line by line in a thread."""
 
-    def __init__(self, built, scenario: str, role: str, env: dict, opts: dict) -> None:
+    def __init__(self, built, scenario, role, env, opts, prefix=()) -> None:
         lib, client = built
-        args = [str(client), str(lib), scenario, role, *(f"{k}={v}" for k, v in opts.items())]
+        args = [*prefix, str(client), str(lib), scenario, role]
+        args += [f"{k}={v}" for k, v in opts.items()]
         self.proc = subprocess.Popen(
             args,
             stdin=subprocess.PIPE,
@@ -100,12 +102,13 @@ def pair(
     recv_opts=None,
     kill_before_go=False,
     kill_after_s=None,
+    recv_prefix=(),
 ):
     """Runs scenario between a sending and a receiving process; returns both sides, finished
     (a killed receiver is not checked)."""
     base = {"WEFT_VERBS_EMU_DIR": str(tmp_path / "sock")}
     send = Side(built, scenario, "send", {**base, **(send_env or {})}, send_opts or {})
-    recv = Side(built, scenario, "recv", {**base, **(recv_env or {})}, recv_opts or {})
+    recv = Side(built, scenario, "recv", {**base, **(recv_env or {})}, recv_opts or {}, recv_prefix)
     try:
         info = [side.expect("INFO").split()[1:] for side in (send, recv)]
         send.say("PEER " + " ".join(info[1]))
@@ -266,3 +269,11 @@ def test_teardown_with_work_outstanding(built, tmp_path):
 
 def test_send_queue_slots_free_only_when_completions_are_polled(built, tmp_path):
     pair(built, tmp_path, "full")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare"
+)
+def test_across_network_namespaces(built, tmp_path):
+    """The sockets are files, so ranks in network namespaces of their own reach each other."""
+    pair(built, tmp_path, "imm", recv_prefix=("unshare", "--net"))

@@ -678,7 +678,7 @@ int main(int argc, char** argv) {
   resolve(h, "ibv_wc_status_str", L.wc_status_str);
   check(dlsym(h, "ibv_reg_dmabuf_mr") == nullptr, "ibv_reg_dmabuf_mr is not exported");
 
-  const int fds_before = open_fds();
+  const int fds_before = open_fds(), threads_before = threads();
   int n = -1;
   ibv_device** list = L.get_device_list(&n);
   if (scenario == "nodevice") {
@@ -776,8 +776,10 @@ int main(int argc, char** argv) {
     check(event_rc == -1 && event_errno == EIO,
           "ibv_get_async_event blocked at close returned -1 (EIO)");
   }
+  std::free(s.buf);
+  std::free(s.buf2);
   check(open_fds() == fds_before, "every fd the emulator opened is closed");
-  check(threads() == 1, "no thread left running");
+  check(threads() == threads_before, "no thread left running");
   std::printf("DONE\n");
   return g_failures ? 1 : 0;
 }

@@ -5,9 +5,8 @@
 // QPs INIT -> RTR -> RTS. Writes go round-robin over the QPs, each signalled
 // and counted against its QP's send queue (a full one: write_with_imm
 // returns false); the protocol takes writes landing in any order across
-// QPs (rdma_connection.cc). Each QP keeps zero-byte receives
-// posted for the peer's immediates (twice its send depth), reposted as
-// they complete.
+// QPs (rdma_connection.cc). Each QP keeps zero-byte receives posted for the
+// peer's immediates (twice its send depth), reposted as they complete.
 #include "core/transport/rdma/ibverbs/ibverbs_endpoint.h"
 
 #include <arpa/inet.h>

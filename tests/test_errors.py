@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rdma_backends
 from weft_proc import Ranks, mark, outcome, processes_with_token
 from weft_ref import Checker, assert_no_mismatch, is_invalid_argument
 
@@ -568,13 +569,18 @@ SEQ = re.compile(r"(?:seq(?:uence)?(?:[ _-]?(?:number|no\.?|num|nr))?|#|op)\s*[:
 PEER_1 = re.compile(r"\b(?:peer|rank)\s*[:=#]?\s*1\b", re.I)
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize(
+    "transport", ["shm", "tcp", *(rdma_backends.param(b, b, id=b) for b in rdma_backends.BACKENDS)]
+)
 def test_sigkill_peer_during_allreduce(transport):
+    """A peer killed in the middle of 256 MiB allreduces: PeerError on the others in time, over
+    shm, tcp and both RDMA back ends (one host identity per rank but for shm)."""
     shm_before = shm_files()
     if transport == "shm":
         env, env_per_rank = {"WEFT_TRANSPORT": "shm"}, None
     else:
-        env, env_per_rank = {}, lambda rank: {"WEFT_HOST_ID": f"weft-kill-host-{rank}"}
+        env = {} if transport == "tcp" else rdma_backends.env(transport)
+        env_per_rank = lambda rank: {"WEFT_HOST_ID": f"weft-kill-host-{rank}"}  # noqa: E731
     args = (256 * 2**20, SHORT_TIMEOUT_S)
     with Ranks(scenario_allreduce_loop, 3, *args, env=env, env_per_rank=env_per_rank) as ranks:
         ranks.wait_mark(1, "looping", timeout=180)

@@ -22,6 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
+import rdma_backends
 import weft.local
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -42,7 +43,9 @@ RUN_TIMEOUT_S = 300.0
 # cuda_ipc with its default staging buffers or with 4 KiB ones, so that modest counts take many
 # rounds. "ofi-tcp" runs the RDMA protocol over libfabric's tcp provider (messages over 64 KiB
 # take the rendezvous path), "ofi-tcp-small" with four 4 KiB slots (every message eager, credits
-# running out), "ofi-shm" over libfabric's shm provider (FI_EP_RDM endpoints).
+# running out), "ofi-shm" over libfabric's shm provider (FI_EP_RDM endpoints). "ibverbs" runs it
+# over weft's ibverbs back end and the tests' verbs emulator (tests/verbs_emulator/),
+# "ibverbs-small" with four 4 KiB slots, "ibverbs-2qps" with two queue pairs per peer.
 TRANSPORTS = (
     "shm",
     "tcp",
@@ -61,6 +64,9 @@ TRANSPORTS = (
     "ofi-tcp",
     "ofi-tcp-small",
     "ofi-shm",
+    "ibverbs",
+    "ibverbs-small",
+    "ibverbs-2qps",
 )
 
 SMALL_SLOTS = {
@@ -108,10 +114,15 @@ def transport_env(transport: str, rank: int) -> dict[str, str]:
         # The ofi transport over libfabric's tcp provider, one host identity per rank.
         small = SMALL_SLOTS if transport == "ofi-tcp-small" else {}
         host = {"WEFT_HOST_ID": f"weft-test-host-{rank}"}
-        return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp", **host, **small}
+        return {**rdma_backends.env("ofi"), **host, **small}
     if transport == "ofi-shm":
         # libfabric's shm provider: FI_EP_RDM endpoints, one host.
         return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "shm"}
+    if transport in ("ibverbs", "ibverbs-small", "ibverbs-2qps"):
+        small = SMALL_SLOTS if transport == "ibverbs-small" else {}
+        qps = {"WEFT_IB_QPS_PER_PEER": "2"} if transport == "ibverbs-2qps" else {}
+        host = {"WEFT_HOST_ID": f"weft-test-host-{rank}"}
+        return {**rdma_backends.env("ibverbs"), **host, **small, **qps}
     if transport == "cuda-ipc-small":
         return {
             "WEFT_TRANSPORT": "shm",

@@ -23,6 +23,7 @@
 #include "core/exec/cpu_placement.h"
 #include "core/exec/scratch_pool.h"
 #include "core/transport/op_signature.h"
+#include "core/transport/rdma/ibverbs/ibverbs_connection.h"
 #include "core/transport/rdma/ofi/ofi_connection.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/tcp/tcp_connection.h"
@@ -48,6 +49,7 @@ char transport_code(TransportChoice choice) {
     case TransportChoice::Tcp: return 't';
     case TransportChoice::Shm: return 's';
     case TransportChoice::Ofi: return 'o';
+    case TransportChoice::Ibverbs: return 'i';
     case TransportChoice::Auto: return 'a';
   }
   return 'a';
@@ -167,6 +169,16 @@ void Communicator::connect(Store& store, const std::string& name) {
   }
   agree_on_sizes();
   learn_topology();
+  // auto takes ibverbs between hosts where both ends have a usable port.
+  bool rdma_here = false;
+  if (cfg.transport == TransportChoice::Auto && topology_.hosts > 1) {
+    const std::string why_not = ibverbs_unusable(rank_);
+    rdma_here = why_not.empty();
+    WEFT_LOG(Info, rank_,
+             "WEFT_TRANSPORT=auto: " << (rdma_here ? "ibverbs between hosts (where the peer has "
+                                                     "a port too)"
+                                                   : "tcp between hosts; no ibverbs: " + why_not));
+  }
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Socket& control = mesh_->socket(p, kControlSocket);
@@ -186,6 +198,15 @@ void Communicator::connect(Store& store, const std::string& name) {
     }
     const bool use_shm = cfg.transport == TransportChoice::Shm ||
                          (cfg.transport == TransportChoice::Auto && same_host);
+    bool use_ibverbs = cfg.transport == TransportChoice::Ibverbs;
+    if (cfg.transport == TransportChoice::Auto && !same_host) {
+      const uint8_t mine_rdma = rdma_here;
+      uint8_t theirs_rdma = 0;
+      control.send_all(&mine_rdma, 1, Deadline(timeout_s()), "ibverbs availability");
+      control.recv_all(&theirs_rdma, 1, Deadline(timeout_s()),
+                       "ibverbs availability of rank " + std::to_string(p));
+      use_ibverbs = mine_rdma && theirs_rdma;
+    }
     // Connection `channel` is the collective set of that tag, or (last)
     // point-to-point's.
     for (int channel = 0; channel <= channels_; ++channel) {
@@ -194,10 +215,11 @@ void Communicator::connect(Store& store, const std::string& name) {
         ShmOptions opts{cfg.shm_slot_bytes, cfg.shm_slots, cfg.shm_cma, cfg.cma_min_bytes};
         conn =
             make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s());
-      } else if (cfg.transport == TransportChoice::Ofi) {
+      } else if (cfg.transport == TransportChoice::Ofi || use_ibverbs) {
         // RDMA connections take tcp's geometry (WEFT_TCP_SLOT_BYTES, _SLOTS).
         RdmaOptions opts{tcp_slot_bytes_, tcp_slots_, cfg.rdma_bad_key};
-        conn = make_ofi_connection(control, rank_ < p, opts, timeout_s());
+        conn = use_ibverbs ? make_ibverbs_connection(control, rank_, opts, timeout_s())
+                           : make_ofi_connection(control, rank_ < p, opts, timeout_s());
       } else {
         TcpOptions opts{tcp_slot_bytes_, tcp_slots_};
         conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);

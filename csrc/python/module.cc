@@ -477,7 +477,7 @@ PYBIND11_MODULE(_C, m) {
                                                {"payload", w.payload},
                                                {"credit", w.credit}};
       },
-      "The writes this process's RDMA (ofi) connections have posted so far, by what they "
+      "The writes this process's RDMA (ofi, ibverbs) connections have posted so far, by what they "
       "carried (docs/rdma.md).");
 
   m.def(
@@ -516,7 +516,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property("timeout", &PyCommunicator::timeout, &PyCommunicator::set_timeout,
                     "Seconds (or a timedelta) every later operation may wait for a peer.")
       .def("transport_to", &PyCommunicator::transport_to, py::arg("peer"),
-           "The transport used to reach `peer`: 'shm', 'tcp' or 'self'.")
+           "The transport used to reach `peer`: 'shm', 'tcp', 'ofi', 'ibverbs' or 'self'.")
       .def_property_readonly("cost_model", &PyCommunicator::cost_model,
                              "The cost model the tuner uses (measured at creation by default).")
       .def("measure_cost_model", &PyCommunicator::measure_cost_model, py::arg("thorough") = true,

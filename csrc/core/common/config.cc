@@ -40,6 +40,19 @@ long env_long(const char* name, long fallback) {
   return parsed;
 }
 
+// An integer in [low, high]; unset keeps `fallback`.
+int env_int_in(const char* name, int fallback, int low, int high) {
+  const char* value = env(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed < low || parsed > high) {
+    throw InvalidArgument(std::string(name) + "='" + value + "': give an integer from " +
+                          std::to_string(low) + " to " + std::to_string(high));
+  }
+  return static_cast<int>(parsed);
+}
+
 // One of a fixed set of words: the value of the first whose name matches.
 // Unset keeps `fallback`; anything else names the choices.
 template <typename T>
@@ -70,7 +83,8 @@ Config parse() {
                            {{"auto", TransportChoice::Auto},
                             {"tcp", TransportChoice::Tcp},
                             {"shm", TransportChoice::Shm},
-                            {"ofi", TransportChoice::Ofi}});
+                            {"ofi", TransportChoice::Ofi},
+                            {"ibverbs", TransportChoice::Ibverbs}});
   c.timeout_s = env_double("WEFT_TIMEOUT_S", c.timeout_s);
   if (const char* d = env("WEFT_DEBUG")) {
     std::string s(d);
@@ -103,6 +117,12 @@ Config parse() {
     }
     c.rdma_bad_key = true;
   }
+  if (const char* lib = env("WEFT_IBVERBS_LIB")) c.ibverbs_lib = lib;
+  if (const char* hca = env("WEFT_IB_HCA")) c.ib_hca = hca;
+  c.ib_gid_index = env_int_in("WEFT_IB_GID_INDEX", c.ib_gid_index, 0, 1023);
+  c.ib_qps_per_peer = env_int_in("WEFT_IB_QPS_PER_PEER", c.ib_qps_per_peer, 1, 16);
+  c.ib_timeout = env_int_in("WEFT_IB_TIMEOUT", c.ib_timeout, 1, 31);
+  c.ib_retry_cnt = env_int_in("WEFT_IB_RETRY_CNT", c.ib_retry_cnt, 0, 7);
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);

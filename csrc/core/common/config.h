@@ -7,7 +7,7 @@
 
 namespace weft {
 
-enum class TransportChoice { Auto, Tcp, Shm, Ofi };
+enum class TransportChoice { Auto, Tcp, Shm, Ofi, Ibverbs };
 enum class LogLevel { Off, Info, Trace };
 // How the torch backend moves CUDA tensors: through pinned host twins over
 // shm/tcp, over cuda_ipc or over nccl (auto: nccl when weft has it and every
@@ -19,7 +19,7 @@ enum class CudaPath { Auto, Staging, Ipc, Nccl };
 enum class NcclMode { Native, Plans };
 
 struct Config {
-  TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm|ofi
+  TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm|ofi|ibverbs
   double timeout_s = 300.0;                           // WEFT_TIMEOUT_S
   LogLevel log_level = LogLevel::Off;                 // WEFT_DEBUG=INFO|TRACE
   std::string host_id;                                // WEFT_HOST_ID (default: hostname + boot id)
@@ -33,6 +33,12 @@ struct Config {
   int channels = 2;                                   // WEFT_CHANNELS: connection sets per peer
   bool tcp_geometry_set = false;                      // either one set: no crowding rule
   bool rdma_bad_key = false;           // WEFT_RDMA_FAULT=bad_key: tests' refused remote writes
+  std::string ibverbs_lib;             // WEFT_IBVERBS_LIB (default: libibverbs.so.1)
+  std::string ib_hca;                  // WEFT_IB_HCA: devices and ports ibverbs may take
+  int ib_gid_index = -1;               // WEFT_IB_GID_INDEX (-1: chosen by link layer)
+  int ib_qps_per_peer = 1;             // WEFT_IB_QPS_PER_PEER
+  int ib_timeout = 20;                 // WEFT_IB_TIMEOUT: ack timeout, 4.096 us x 2^value
+  int ib_retry_cnt = 7;                // WEFT_IB_RETRY_CNT
   bool shm_cma = false;                // WEFT_SHM_CMA=1: process_vm_readv transfers
   size_t cma_min_bytes = 1024 * 1024;  // WEFT_SHM_CMA_MIN_BYTES
   size_t streaming_bytes = 8 << 20;    // WEFT_STREAMING_BYTES: outputs this large bypass the cache

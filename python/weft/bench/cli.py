@@ -94,7 +94,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--transport",
         type=comma_list(["auto", "all", *lineup.TRANSPORTS, *lineup.RDMA_TRANSPORTS]),
         default=[os.environ.get("WEFT_TRANSPORT") or "auto"],
-        help="weft's transports (WEFT_TRANSPORT): auto, shm, tcp, ofi, all (shm and tcp); "
+        help="weft's transports (WEFT_TRANSPORT): auto, shm, tcp, ofi, ibverbs, all (shm and tcp); "
         "default $WEFT_TRANSPORT",
     )
     add(

@@ -16,8 +16,9 @@ PEERS = ("gloo", "mpi", "mpi-tcp", "nccl")
 # like-for-like peer of weft over tcp.
 PEER_VARIANTS = {"mpi-tcp": ("mpi", {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"})}
 TRANSPORTS = ("shm", "tcp")
-# Asked for by name only ('all' leaves them out): they need libfabric (docs/rdma.md).
-RDMA_TRANSPORTS = ("ofi",)
+# Asked for by name only ('all' leaves them out): they need libfabric or libibverbs and an RDMA
+# device (docs/rdma.md).
+RDMA_TRANSPORTS = ("ofi", "ibverbs")
 
 
 @dataclass

@@ -40,6 +40,9 @@ enum class Kind : uint32_t {
   Payload = 3,      // message seq's payload landed where clear-to-send said
   Credit = 4,       // the receiver freed eager slots (count in the low bits)
 };
+// An immediate no protocol write carries (kind 15): back ends that have no
+// disconnect event of their own (ibverbs' RC QPs) write it to say goodbye.
+constexpr uint32_t kClosingImmediate = 0xffffffff;
 constexpr int kSeqBits = 28;
 constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
 

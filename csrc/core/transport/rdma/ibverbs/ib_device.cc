@@ -1,0 +1,166 @@
+// Choosing the port: devices in libibverbs' order, ports in number order,
+// the first ACTIVE one WEFT_IB_HCA allows. Choosing the GID where
+// WEFT_IB_GID_INDEX is unset: index 0 on InfiniBand; on Ethernet (RoCE) the
+// first IPv4-mapped GID whose sysfs type is RoCE v2 (routable, what NCCL
+// picks by default), else the first IPv4-mapped one, else 0.
+#include "core/transport/rdma/ibverbs/ib_device.h"
+
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/common/config.h"
+#include "core/common/error.h"
+#include "core/common/log.h"
+#include "core/transport/rdma/ibverbs/hca_filter.h"
+#include "core/transport/rdma/ibverbs/libibverbs.h"
+
+namespace weft {
+namespace {
+
+const char* port_state(ibv_port_state state) {
+  switch (state) {
+    case IBV_PORT_DOWN: return "down";
+    case IBV_PORT_INIT: return "init";
+    case IBV_PORT_ARMED: return "armed";
+    case IBV_PORT_ACTIVE: return "active";
+    default: return "not active";
+  }
+}
+
+bool ipv4_mapped(const ibv_gid& gid) {
+  for (int i = 0; i < 10; ++i) {
+    if (gid.raw[i] != 0) return false;
+  }
+  return gid.raw[10] == 0xff && gid.raw[11] == 0xff;
+}
+
+bool roce_v2(const std::string& device, int port, int index) {
+  std::ifstream type("/sys/class/infiniband/" + device + "/ports/" + std::to_string(port) +
+                     "/gid_attrs/types/" + std::to_string(index));
+  std::string line;
+  std::getline(type, line);
+  return line.find("v2") != std::string::npos;
+}
+
+std::string gid_text(const ibv_gid& gid) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i > 0 && i % 2 == 0) s += ':';
+    s += digits[gid.raw[i] >> 4];
+    s += digits[gid.raw[i] & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+std::shared_ptr<IbDevice> IbDevice::shared(int rank) {
+  static std::mutex mutex;
+  static std::weak_ptr<IbDevice> current;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<IbDevice> device = current.lock();
+  if (!device) {
+    device.reset(new IbDevice(rank));
+    current = device;
+  }
+  return device;
+}
+
+IbDevice::IbDevice(int rank) {
+  const Libibverbs& lib = libibverbs();
+  const Config& cfg = config();
+  const HcaFilter filter(cfg.ib_hca);
+  int count = 0;
+  ibv_device** devices = lib.get_device_list(&count);
+  std::string seen;  // what was found, for the error
+  for (int d = 0; devices && d < count && !context_; ++d) {
+    const std::string device = lib.get_device_name(devices[d]);
+    ibv_context* context = lib.open_device(devices[d]);
+    if (!context) {
+      seen += (seen.empty() ? "" : ", ") + device + " (cannot be opened)";
+      continue;
+    }
+    ibv_device_attr attr{};
+    if (lib.query_device(context, &attr) != 0) attr.phys_port_cnt = 0;
+    for (int port = 1; port <= attr.phys_port_cnt && !context_; ++port) {
+      ibv_port_attr port_attr{};
+      if (lib.query_port(context, static_cast<uint8_t>(port), &port_attr) != 0) continue;
+      seen += (seen.empty() ? "" : ", ") + device + ":" + std::to_string(port) + " " +
+              port_state(port_attr.state);
+      if (!filter.allows(device, port)) {
+        seen += " (not in WEFT_IB_HCA)";
+      } else if (port_attr.state == IBV_PORT_ACTIVE) {
+        context_ = context;
+        port_ = static_cast<uint8_t>(port);
+        port_attr_ = port_attr;
+        device_attr_ = attr;
+        name_ = device + ":" + std::to_string(port);
+      }
+    }
+    if (!context_) lib.close_device(context);
+  }
+  if (devices) lib.free_device_list(devices);
+  if (!context_) {
+    throw InvalidArgument(
+        "WEFT_TRANSPORT=ibverbs: no active RDMA port" +
+        (filter.spec().empty() ? std::string()
+                               : " that WEFT_IB_HCA='" + filter.spec() + "' allows") +
+        " (" + lib.path + " lists " + (seen.empty() ? std::string("no device") : seen) +
+        "); check `ibv_devinfo`, set WEFT_IB_HCA, or pick another WEFT_TRANSPORT");
+  }
+  auto fail = [&](const std::string& why) {
+    if (pd_) lib.dealloc_pd(pd_);
+    lib.close_device(context_);
+    throw InvalidArgument("WEFT_TRANSPORT=ibverbs: " + name_ + ": " + why);
+  };
+  const std::string device = name_.substr(0, name_.rfind(':'));
+  const char* chosen_by = "WEFT_IB_GID_INDEX";
+  if (cfg.ib_gid_index >= 0) {
+    gid_index_ = cfg.ib_gid_index;
+    if (gid_index_ >= port_attr_.gid_tbl_len) {
+      fail("WEFT_IB_GID_INDEX=" + std::to_string(gid_index_) + " is beyond the port's " +
+           std::to_string(port_attr_.gid_tbl_len) + " GIDs");
+    }
+  } else if (ethernet()) {
+    chosen_by = "no IPv4-mapped GID: index 0";
+    int mapped = -1;
+    for (int i = 0; i < port_attr_.gid_tbl_len; ++i) {
+      ibv_gid gid{};
+      if (lib.query_gid(context_, port_, i, &gid) != 0 || !ipv4_mapped(gid)) continue;
+      if (roce_v2(device, port_, i)) {
+        mapped = i;
+        chosen_by = "the first IPv4-mapped RoCE v2 GID";
+        break;
+      }
+      if (mapped < 0) {
+        mapped = i;
+        chosen_by = "the first IPv4-mapped GID";
+      }
+    }
+    gid_index_ = mapped < 0 ? 0 : mapped;
+  } else {
+    chosen_by = "InfiniBand: index 0";
+  }
+  if (lib.query_gid(context_, port_, gid_index_, &gid_) != 0) {
+    fail("ibv_query_gid of index " + std::to_string(gid_index_) + " failed");
+  }
+  pd_ = lib.alloc_pd(context_);
+  if (!pd_) fail("ibv_alloc_pd failed");
+  WEFT_LOG(Info, rank,
+           "ibverbs: device " << name_ << " (" << lib.path << "), link layer "
+                              << (ethernet() ? "Ethernet (RoCE)" : "InfiniBand") << ", lid "
+                              << port_attr_.lid << ", GID index " << gid_index_ << " (" << chosen_by
+                              << ") " << gid_text(gid_));
+  events_ = std::make_unique<IbAsyncEvents>(context_, name_, faults_);
+}
+
+IbDevice::~IbDevice() {
+  events_.reset();
+  libibverbs().dealloc_pd(pd_);
+  libibverbs().close_device(context_);
+}
+
+}  // namespace weft

@@ -58,6 +58,7 @@ def build(name: str, work: Path) -> Path:
     digest = hashlib.sha256()
     for path in [*sources, *sorted(CORE.rglob("*.h"))]:
         digest.update(path.read_bytes())
+    work.mkdir(parents=True, exist_ok=True)
     binary = work / f"{name}-{digest.hexdigest()[:16]}"
     if not binary.exists():
         cmd = [clang(), *FLAGS, f"-I{REPO / 'csrc'}", *map(str, sources), "-o", f"{binary}.tmp"]

@@ -63,6 +63,17 @@ def test_an_algorithm_from_python_runs_as_the_same_plan_from_cpp():
         assert a.hop_bytes == b.hop_bytes
 
 
+def test_hier_plans_grouped_once_per_world_are_those_grouped_rank_by_rank():
+    # The simulator groups the world's hosts once for every rank's Plan (algo::HostGroups);
+    # topo.builtin makes each rank's Plan on its own.
+    world = Topology.hosts(3, 4)
+    algo = topo.builtin("allreduce", "hier", 12, count=3000, hosts=[r // 4 for r in range(12)])
+    a = topo.simulate(algo, world)
+    b = topo.simulate("hier", world, 12000, slice_bytes=algo.slot_bytes, slots=algo.slots,
+                      step_bytes=algo.slot_bytes * algo.slots // 2)  # fmt: skip
+    assert (a.time_s, a.messages, a.hop_bytes) == (b.time_s, b.messages, b.hop_bytes)
+
+
 def test_links_shared_by_messages_contend():
     # rd pairs ranks far apart: on a ring their messages share links, on a full mesh they do not.
     nbytes = 1 << 20

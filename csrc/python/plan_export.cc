@@ -166,7 +166,7 @@ Plan import_plan(const py::dict& d) {
   return plan;
 }
 
-Plan build_plan(const PlanRequest& q) {
+PlanContext plan_context(const PlanRequest& q) {
   const size_t ranks = static_cast<size_t>(q.size);
   if (q.size < 1 || q.rank < 0 || q.rank >= q.size || q.root < 0 || q.root >= q.size) {
     throw InvalidArgument("plan: rank " + std::to_string(q.rank) + " and root " +
@@ -183,10 +183,13 @@ Plan build_plan(const PlanRequest& q) {
   if (q.elem_size == 0 || q.max_step_bytes == 0) {
     throw InvalidArgument("plan: elem_size and max_step_bytes must be positive");
   }
-  const PlanContext ctx{q.rank,           q.size,           q.elem_size,  q.max_step_bytes,
-                        std::move(hosts), q.buffered_sends, q.shared_cpu, q.channels};
+  return PlanContext{q.rank,           q.size,           q.elem_size,  q.max_step_bytes,
+                     std::move(hosts), q.buffered_sends, q.shared_cpu, q.channels};
+}
+
+Plan build_plan(const PlanRequest& q, const PlanContext& ctx) {
   if (q.collective == "alltoall") {
-    const std::vector<size_t> counts(ranks, q.count);
+    const std::vector<size_t> counts(static_cast<size_t>(ctx.size), q.count);
     return algo::pairwise_alltoall(ctx, counts, counts);
   }
   if (q.collective == "gather") return algo::direct_gather(ctx, q.count, q.root);
@@ -194,6 +197,8 @@ Plan build_plan(const PlanRequest& q) {
   return algo::plan_for(parse_collective(q.collective), parse_algorithm(q.algorithm), ctx, q.count,
                         q.root, q.in_place, q.finalize);
 }
+
+Plan build_plan(const PlanRequest& q) { return build_plan(q, plan_context(q)); }
 
 void bind_plan_export(py::module_& topo) {
   topo.def(

@@ -33,6 +33,11 @@ struct PlanRequest {
 
 // Throws InvalidArgument for an unknown name or lists of the wrong length.
 Plan build_plan(const PlanRequest& request);
+// The same in two halves, for a caller making every rank's Plan of one world:
+// the checked context of request.rank, then the Plan for ctx.rank (the
+// request's collective, family and sizes).
+PlanContext plan_context(const PlanRequest& request);
+Plan build_plan(const PlanRequest& request, const PlanContext& ctx);
 
 // The dict weft._C.topo.plan returns (or one in its form) back into a Plan;
 // throws InvalidArgument naming the key that is missing or malformed. What

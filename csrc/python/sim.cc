@@ -1,11 +1,15 @@
 // weft._C.sim: networks, Programs (every rank's Plan, compact) and the event
-// simulation, for weft.topo.simulate. Built-in Plans are made here rank by
-// rank through build_plan(), the same plan_for() a communicator calls, and
-// packed at once, so no world's Plans are ever all held as Steps.
+// simulation, for weft.topo.simulate. Built-in Plans are made here through
+// build_plan(), the same plan_for() a communicator calls, a batch of ranks at
+// a time, and packed at once, so no world's Plans are ever all held as Steps.
 #include "sim.h"
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <exception>
+#include <memory>
+#include <thread>
 #include <tuple>
 
 #include "core/common/error.h"
@@ -29,6 +33,46 @@ sim::SimStep::Kind kind_of(const std::string& name, int rank, size_t step) {
   throw InvalidArgument("simulation: rank " + std::to_string(rank) + " step " +
                         std::to_string(step) + ": kind '" + name +
                         "': use fused, exchange or compute");
+}
+
+// Every rank's Plan of a built-in, packed in rank order; returns the Plans'
+// algorithm. Making them is about as long as simulating them (a 4096-rank
+// ring is 33 million steps), so each batch of ranks is planned on every
+// core, then packed by this thread; the world's hosts are grouped once.
+std::string add_builtin_plans(sim::Programs& programs, const PlanRequest& q) {
+  PlanContext world = plan_context(q);
+  world.groups = std::make_shared<const algo::HostGroups>(algo::host_groups(world.host));
+  const int workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<PlanContext> contexts(workers, world);
+  constexpr int kBatch = 32;
+  std::vector<Plan> plans(kBatch);
+  std::string name;
+  for (int first = 0; first < programs.ranks(); first += kBatch) {
+    const int n = std::min(kBatch, programs.ranks() - first);
+    std::vector<std::exception_ptr> failed(workers);
+    auto plan_share = [&](int w) {
+      try {
+        for (int i = w; i < n; i += workers) {
+          contexts[w].rank = first + i;
+          plans[i] = build_plan(q, contexts[w]);
+        }
+      } catch (...) {
+        failed[w] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int w = 1; w < std::min(workers, n); ++w) helpers.emplace_back(plan_share, w);
+    plan_share(0);
+    for (std::thread& t : helpers) t.join();
+    for (const std::exception_ptr& e : failed) {
+      if (e) std::rethrow_exception(e);
+    }
+    for (int i = 0; i < n; ++i) {
+      programs.add_plan(first + i, plans[i], q.elem_size);
+      name = plans[i].algorithm;
+    }
+  }
+  return name;
 }
 
 }  // namespace
@@ -99,14 +143,7 @@ void bind_sim(py::module_& parent) {
                           elem_size,        root,      in_place, finalize,  max_step_bytes,
                           std::move(hosts), {},        true,     channels};
             py::gil_scoped_release release;
-            std::string name;
-            for (int r = 0; r < p.ranks(); ++r) {
-              q.rank = r;
-              const Plan plan = build_plan(q);
-              p.add_plan(r, plan, elem_size);
-              name = plan.algorithm;
-            }
-            return name;
+            return add_builtin_plans(p, q);
           },
           py::arg("collective"), py::arg("algorithm"), py::arg("count"), py::kw_only(),
           py::arg("elem_size") = 4, py::arg("root") = 0, py::arg("in_place") = false,

@@ -13,7 +13,7 @@
 // has left, the allgather of piece p-1 once piece p's reduced shard has. The
 // link, the slow part, then never waits for shared memory.
 #include <algorithm>
-#include <map>
+#include <memory>
 #include <string>
 
 #include "core/algo/algorithms.h"
@@ -46,29 +46,23 @@ struct Layout {
 };
 
 Layout layout_of(const PlanContext& ctx) {
-  // Ranks of each host, hosts in order of their index.
-  std::map<int, std::vector<int>> by_host;
-  for (int r = 0; r < ctx.size; ++r) by_host[ctx.host.at(r)].push_back(r);
-  const size_t local_size = by_host.begin()->second.size();
-  Layout at;
-  int host_pos = 0;
-  for (const auto& [host, ranks] : by_host) {
+  const std::shared_ptr<const HostGroups> groups =
+      ctx.groups ? ctx.groups : std::make_shared<const HostGroups>(host_groups(ctx.host));
+  const std::vector<std::vector<int>>& hosts = groups->ranks;
+  const size_t local_size = hosts.front().size();
+  for (const std::vector<int>& ranks : hosts) {
     if (ranks.size() != local_size) {
       throw InvalidArgument(
           "the hierarchical algorithm needs the same number of ranks on every host (found " +
           std::to_string(local_size) + " and " + std::to_string(ranks.size()) +
           "); pick another WEFT_ALGO");
     }
-    if (host == ctx.host[ctx.rank]) {
-      at.local.members = ranks;
-      at.across.pos = host_pos;
-    }
-    ++host_pos;
   }
-  for (int i = 0; i < at.local.size(); ++i) {
-    if (at.local.members[i] == ctx.rank) at.local.pos = i;
-  }
-  for (const auto& entry : by_host) at.across.members.push_back(entry.second[at.local.pos]);
+  Layout at;
+  at.local = Ring{hosts[groups->host_pos[ctx.rank]], groups->local_pos[ctx.rank]};
+  at.across.pos = groups->host_pos[ctx.rank];
+  at.across.members.reserve(hosts.size());
+  for (const std::vector<int>& ranks : hosts) at.across.members.push_back(ranks[at.local.pos]);
   return at;
 }
 

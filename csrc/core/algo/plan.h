@@ -10,9 +10,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "core/algo/host_groups.h"
 
 namespace weft {
 
@@ -121,6 +124,9 @@ struct PlanContext {
   // sets per peer, WEFT_CHANNELS): generators that can run several channels
   // plan as many as this allows.
   int channels = 1;
+  // host_groups(host), where the caller makes many ranks' Plans of one world
+  // and groups it once; null: the generators that need it group `host`.
+  std::shared_ptr<const algo::HostGroups> groups;
 };
 
 // a mod n in [0, n), for rank arithmetic around a ring or tree.

@@ -119,7 +119,14 @@ bench-msccl: install install-peers
 		> $(RESULTS)/msccl_ring8_shm.txt
 
 # weft.topo.simulate at scale (bench/results/sim_scale.*): a 4096-rank ring allreduce and hier on
-# 8192 ranks, wall time and peak RSS, next to ASTRA-sim's figure from issue 44.
+# 8192 and 65536 ranks, wall time and peak RSS, next to ASTRA-sim's figure from issue 44.
 .PHONY: bench-sim
 bench-sim: install
 	$(PYTHON) bench/sim_scale.py
+
+# weft.topo.simulate calibrated here against measurement (bench/results/predict_vs_measure.*):
+# ring, tree and rhd allreduce at 4 ranks over tcp and on 2 namespace hosts x 2 at 1 Gbit/s
+# (root), from 64 KiB up.
+.PHONY: bench-predict
+bench-predict: install
+	$(PYTHON) bench/predict_vs_measure.py

@@ -1,0 +1,190 @@
+"""weft.topo.simulate, calibrated on this machine, against weft-bench's measured allreduce.
+
+    python bench/predict_vs_measure.py [--cases tcp4,netns2x2] [--repeats 2]
+
+Issue 44's accuracy goal: ring, tree and rhd at 4 ranks, from 64 KiB up, within 15 % per size.
+Each case calibrates, measures and predicts on the same ranks:
+
+1. calibrate: ``weft-bench --tune`` on those ranks writes a cost model (the thorough form of the
+   probe a communicator runs when it is created); ``Topology.from_cost_model`` turns it into
+   links (shared memory inside a host, tcp between hosts) and a reduction cost;
+2. measure: one weft-bench launch, ring, tree and rhd taking turns at every size
+   (``--rounds``), out of place, the slowest rank's time per call;
+3. predict: ``topo.simulate`` of each family's Plans (made by the same generators, two
+   channels as the communicator has) on that topology, and the closed form ``topo.predict``.
+
+Cases: ``tcp4``, 4 local ranks over weft's tcp transport (each rank a "host" of its own behind a
+switch: loopback has no shared link, the four ranks share the machine's 2 cores); ``netns2x2``,
+2 network-namespace hosts of 2 ranks whose links tc limits to 1 Gbit/s (root; shared memory
+inside a host). Every size is reported, those that miss included.
+
+Writes bench/results/predict_vs_measure.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FAMILIES = ("ring", "tree", "rhd")
+GOAL = 0.15
+BENCH = ["-o", "all_reduce", "-b", "64K", "-e", "64M", "-f", "4", "-n", "10"]
+BENCH += ["--iter-bytes", "64M", "-w", "2", "--rounds", "3", "--algo", ",".join(FAMILIES)]
+CASES = {
+    "tcp4": {"title": "4 local ranks over tcp", "hosts": 4, "per_host": 1},
+    "netns2x2": {"title": "2 namespace hosts x 2 ranks, 1 Gbit/s links", "hosts": 2,
+                 "per_host": 2, "rate_mbit": 1000},
+}  # fmt: skip
+TIMEOUT = 1800
+
+
+def weft_bench(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "weft.bench", *argv]
+
+
+def run_local(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
+    size = str(case["hosts"] * case["per_host"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    model, report = work / "model.txt", work / "report.json"
+    subprocess.run(weft_bench("--tune", str(model), "--np", size), env=env, check=True,
+                   timeout=TIMEOUT, stdout=subprocess.DEVNULL)  # fmt: skip
+    bench = weft_bench(*BENCH, "--transport", "tcp", "--np", size, "--repeats", str(repeats))
+    subprocess.run([*bench, f"--json={report}"], env=env, check=True, timeout=TIMEOUT,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    return model, json.loads(report.read_text())
+
+
+def run_netns(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
+    import weft.netns
+
+    reason = weft.netns.unavailable()
+    if reason:
+        raise SystemExit(f"predict_vs_measure: netns2x2: {reason}")
+    model, report = work / "model.txt", work / "report.json"
+    size, per_host = case["hosts"] * case["per_host"], case["per_host"]
+    with weft.netns.Hosts(case["hosts"], rate_mbit=case["rate_mbit"]) as net:
+        for port, argv in (
+            (29500, ["--tune", str(model)]),
+            (29501, [*BENCH, "--repeats", str(repeats), f"--json={report}"]),
+        ):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+            env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(port), WORLD_SIZE=str(size))
+            env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link
+            procs = []
+            for rank in range(size):
+                env.update(RANK=str(rank), LOCAL_RANK=str(rank % per_host))
+                procs.append(net.spawn(rank // per_host, weft_bench(*argv), dict(env),
+                                       stdout=subprocess.DEVNULL))  # fmt: skip
+            for proc in procs:
+                if proc.wait(timeout=TIMEOUT) != 0:
+                    raise SystemExit(f"predict_vs_measure: weft-bench {argv[0]} failed")
+    return model, json.loads(report.read_text())
+
+
+def compare(case: dict, model: Path, report: dict) -> list[dict]:
+    from weft import topo
+    from weft.topo import Topology
+
+    world = Topology.from_cost_model(model, n_hosts=case["hosts"], per_host=case["per_host"])
+    closed = topo.Topology(size=case["hosts"] * case["per_host"], hosts=case["hosts"], any_tcp=True)
+    costs = topo.load_cost_model(str(model))
+    rows = []
+    for r in report["results"]:
+        family = r["system"].partition("[")[2].rstrip("]")  # weft[ring], weft-tcp[ring]
+        if r["in_place"] or family not in FAMILIES or r["wrong"]:
+            continue
+        measured = r["time_us"] * 1e-6
+        simulated = topo.simulate(family, world, r["bytes"]).time_s
+        formula = topo.predict(family, "allreduce", r["bytes"], closed, model=costs)
+        rows.append({"family": family, "bytes": r["bytes"], "measured_s": measured,
+                     "simulated_s": simulated, "closed_form_s": formula,
+                     "error": simulated / measured - 1, "closed_form_error": formula / measured - 1,
+                     "runs_us": r["time_us_runs"]})  # fmt: skip
+    return rows
+
+
+def write_md(out: dict, path: Path) -> None:
+    lines = ["# Predicted against measured allreduce time", "",
+             f"{out['date']}, `{out['command']}` (bench/predict_vs_measure.py says how). "
+             "Error = predicted / measured - 1; the goal is |error| <= 15 % from 64 KiB. "
+             "Simulated: weft.topo.simulate on the calibrated topology; closed form: "
+             "topo.predict with the same cost model."]  # fmt: skip
+    for case in out["cases"].values():
+        rows = case["rows"]
+        hits = sum(abs(r["error"]) <= GOAL for r in rows)
+        lines += ["", f"## {case['title']}", "",
+                  f"Load average {case['load_average']:.1f} on 2 cores at the start; calibrated "
+                  f"links: {case['links']}. Within 15 %: {hits} of {len(rows)} sizes x families.",
+                  "", "| family | bytes | measured (us) | simulated (us) | error "
+                  "| closed form (us) | error |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for r in sorted(rows, key=lambda r: (r["family"], r["bytes"])):
+            lines.append(
+                f"| {r['family']} | {r['bytes']} | {r['measured_s'] * 1e6:.0f} | "
+                f"{r['simulated_s'] * 1e6:.0f} | {r['error']:+.0%} | "
+                f"{r['closed_form_s'] * 1e6:.0f} | {r['closed_form_error']:+.0%} |"
+            )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_png(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(out["cases"].values())
+    fig, axes = plt.subplots(1, len(cases), figsize=(5.5 * len(cases), 4), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        for family, colour in zip(FAMILIES, ("tab:blue", "tab:orange", "tab:green")):
+            rows = sorted((r for r in case["rows"] if r["family"] == family),
+                          key=lambda r: r["bytes"])  # fmt: skip
+            sizes = [r["bytes"] for r in rows]
+            ax.loglog(sizes, [r["measured_s"] * 1e6 for r in rows], "o-", color=colour,
+                      label=f"{family} measured")  # fmt: skip
+            ax.loglog(sizes, [r["simulated_s"] * 1e6 for r in rows], "x--", color=colour,
+                      label=f"{family} simulated")  # fmt: skip
+        ax.set_title(case["title"], fontsize=9)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("time per call (us)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--repeats", type=int, default=2, help="weft-bench launches per case")
+    args = parser.parse_args()
+    out = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d}", "goal": GOAL,
+           "command": "python bench/predict_vs_measure.py " + " ".join(sys.argv[1:]),
+           "cases": {}}  # fmt: skip
+    for name in args.cases.split(","):
+        case = CASES[name]
+        load = os.getloadavg()[0]
+        with tempfile.TemporaryDirectory() as d:
+            runner = run_netns if name.startswith("netns") else run_local
+            model, report = runner(case, Path(d), args.repeats)
+            lines = model.read_text().splitlines()
+            links = ", ".join(line for line in lines if line and not line.startswith("#"))
+            rows = compare(case, model, report)
+        out["cases"][name] = {**case, "load_average": load, "links": links, "rows": rows}
+        hits = sum(abs(r["error"]) <= GOAL for r in rows)
+        print(f"{name}: {hits} of {len(rows)} within {GOAL:.0%}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "predict_vs_measure.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_md(out, RESULTS / "predict_vs_measure.md")
+    write_png(out, RESULTS / "predict_vs_measure.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -141,3 +141,33 @@ def test_empty_directory_says_what_is_missing(tmp_path):
     )
     assert run.returncode == 2
     assert "WEFT_TRACE_DIR" in run.stderr
+
+
+def scenario_aborted(rank, size, store):
+    """Rank SLOW falls behind and is ended by SIGABRT (what torchrun's watchdog and abort()
+    send); it must leave no core file behind."""
+    import resource
+
+    import weft
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    comm = weft.Communicator(store, rank, size, name="case-aborted", timeout=TIMEOUT_S)
+    comm.allreduce(np.ones(10, np.float32))
+    if rank == SLOW:
+        mark("sleeping")
+        time.sleep(120)  # ended by the parent's SIGABRT
+    return outcome(lambda: comm.allreduce(np.ones(COUNT, np.float32)))
+
+
+def test_sigabrt_writes_the_trace_and_the_verdict_names_it(tmp_path):
+    env = {"WEFT_TRANSPORT": "shm", "WEFT_TUNE": "off", "WEFT_TRACE_DIR": str(tmp_path)}
+    with Ranks(scenario_aborted, 2, env=env) as ranks:
+        ranks.wait_mark(SLOW, "sleeping", timeout=120)
+        assert ranks.result(0, timeout=60)["raised"]
+        os.kill(ranks.pids[SLOW], signal.SIGABRT)
+        code = ranks.wait_exit(SLOW, timeout=30)
+    assert code == -signal.SIGABRT, f"rank {SLOW} exited with {code} after SIGABRT"
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [f"case-aborted.rank{r}.weft-trace" for r in (0, 1)], files
+    first = verdict(tmp_path).splitlines()[0]
+    assert re.search(rf"^rank {SLOW} is behind.*SIGABRT", first), first

@@ -2,7 +2,7 @@
 // world. The hierarchical generator needs them for its rings inside and
 // across hosts; a caller making every rank's Plan (the simulator) hands one
 // HostGroups to all of them instead of each Plan grouping the whole world
-// again, which at 65536 ranks is the difference between seconds and hours.
+// again, which at 65536 ranks took 15 minutes before the first simulated step.
 #pragma once
 
 #include <vector>

@@ -2,7 +2,7 @@
 // world. The hierarchical generator needs them for its rings inside and
 // across hosts; a caller making every rank's Plan (the simulator) hands one
 // HostGroups to all of them instead of each Plan grouping the whole world
-// again, which at 65536 ranks took 15 minutes before the first simulated step.
+// again: at 65536 ranks that was 13.9 ms a Plan, 15 minutes for the world.
 #pragma once
 
 #include <vector>

@@ -29,7 +29,6 @@ STORE_PORT = 29500  # each namespace has its own ports
 def run(net, args, out: Path) -> dict:
     """One weft-bench launch on every rank: weft's algorithms (sharing the launch, taking turns
     at every size) and the peers."""
-    size = args.hosts * args.per_host
     bench = [sys.executable, "-m", "weft.bench", "-o", "all_reduce", "-b", args.b, "-e", args.e]
     bench += ["-f", "4", "-n", str(args.n), "--iter-bytes", args.iter_bytes, "-w", "1"]
     bench += ["--rounds", str(args.rounds), "--repeats", str(args.repeats)]
@@ -37,17 +36,13 @@ def run(net, args, out: Path) -> dict:
     bench += ["--channels", args.channels] if args.channels else []
     # weft's settings come from --algos alone; WEFT_DEBUG passes, to log what the tuner tried.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_") or k == "WEFT_DEBUG"}
-    env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
-    env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
     # The report comes back as JSON; the summary is what this script prints.
     if "mpi" in args.vs.split(","):
+        env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(STORE_PORT))
+        env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link, not what the hostname resolves to
         procs = [net.mpirun(args.per_host, bench, env, stdout=subprocess.DEVNULL)]
     else:
-        procs = []
-        for rank in range(size):
-            env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank % args.per_host))
-            host = rank // args.per_host
-            procs.append(net.spawn(host, bench, env, stdout=subprocess.DEVNULL))
+        procs = net.spawn_world(args.per_host, bench, env, STORE_PORT, stdout=subprocess.DEVNULL)
     for proc in procs:
         if proc.wait(timeout=args.timeout) != 0:
             sys.exit(f"weft-bench failed: exit {proc.returncode}")

@@ -68,20 +68,14 @@ def run_netns(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
     if reason:
         raise SystemExit(f"predict_vs_measure: netns2x2: {reason}")
     model, report = work / "model.txt", work / "report.json"
-    size, per_host = case["hosts"] * case["per_host"], case["per_host"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
     with weft.netns.Hosts(case["hosts"], rate_mbit=case["rate_mbit"]) as net:
         for port, argv in (
             (29500, ["--tune", str(model)]),
             (29501, [*BENCH, "--repeats", str(repeats), f"--json={report}"]),
         ):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
-            env.update(MASTER_ADDR=net.ips[0], MASTER_PORT=str(port), WORLD_SIZE=str(size))
-            env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's link
-            procs = []
-            for rank in range(size):
-                env.update(RANK=str(rank), LOCAL_RANK=str(rank % per_host))
-                procs.append(net.spawn(rank // per_host, weft_bench(*argv), dict(env),
-                                       stdout=subprocess.DEVNULL))  # fmt: skip
+            procs = net.spawn_world(case["per_host"], weft_bench(*argv), env, port,
+                                    stdout=subprocess.DEVNULL)  # fmt: skip
             for proc in procs:
                 if proc.wait(timeout=TIMEOUT) != 0:
                     raise SystemExit(f"predict_vs_measure: weft-bench {argv[0]} failed")

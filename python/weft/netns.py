@@ -98,6 +98,22 @@ class Hosts:
         self._procs.append(proc)
         return proc
 
+    def spawn_world(
+        self, per_host: int, argv: list[str], env: dict[str, str], port: int, **kwargs
+    ) -> list[subprocess.Popen]:
+        """Starts ``argv`` as every rank of a world launched the way torchrun launches one:
+        rank r on host r // per_host, with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR (host 0)
+        and MASTER_PORT set, and GLOO_SOCKET_IFNAME naming the host's link (not what the
+        hostname resolves to)."""
+        size = len(self.namespaces) * per_host
+        world = dict(env, MASTER_ADDR=self.ips[0], MASTER_PORT=str(port), WORLD_SIZE=str(size))
+        world["GLOO_SOCKET_IFNAME"] = "eth0"
+        return [
+            self.spawn(rank // per_host, argv,
+                       dict(world, RANK=str(rank), LOCAL_RANK=str(rank % per_host)), **kwargs)
+            for rank in range(size)
+        ]  # fmt: skip
+
     def mpirun(
         self,
         per_host: int,

@@ -49,9 +49,14 @@ def weft_bench(*argv: str) -> list[str]:
     return [sys.executable, "-m", "weft.bench", *argv]
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without WEFT_ settings: weft-bench's flags alone say what runs."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+
+
 def run_local(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
     size = str(case["hosts"] * case["per_host"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    env = clean_env()
     model, report = work / "model.txt", work / "report.json"
     subprocess.run(weft_bench("--tune", str(model), "--np", size), env=env, check=True,
                    timeout=TIMEOUT, stdout=subprocess.DEVNULL)  # fmt: skip
@@ -68,7 +73,7 @@ def run_netns(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
     if reason:
         raise SystemExit(f"predict_vs_measure: netns2x2: {reason}")
     model, report = work / "model.txt", work / "report.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
+    env = clean_env()
     with weft.netns.Hosts(case["hosts"], rate_mbit=case["rate_mbit"]) as net:
         for port, argv in (
             (29500, ["--tune", str(model)]),

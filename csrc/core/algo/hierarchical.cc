@@ -50,13 +50,14 @@ Layout layout_of(const PlanContext& ctx) {
       ctx.groups ? ctx.groups : std::make_shared<const HostGroups>(host_groups(ctx.host));
   const std::vector<std::vector<int>>& hosts = groups->ranks;
   const size_t local_size = hosts.front().size();
-  for (const std::vector<int>& ranks : hosts) {
-    if (ranks.size() != local_size) {
-      throw InvalidArgument(
-          "the hierarchical algorithm needs the same number of ranks on every host (found " +
-          std::to_string(local_size) + " and " + std::to_string(ranks.size()) +
-          "); pick another WEFT_ALGO");
-    }
+  if (!groups->same_size) {
+    const auto other = std::find_if(hosts.begin(), hosts.end(), [&](const std::vector<int>& r) {
+      return r.size() != local_size;
+    });
+    throw InvalidArgument(
+        "the hierarchical algorithm needs the same number of ranks on every host (found " +
+        std::to_string(local_size) + " and " + std::to_string(other->size()) +
+        "); pick another WEFT_ALGO");
   }
   Layout at;
   at.local = Ring{hosts[groups->host_pos[ctx.rank]], groups->local_pos[ctx.rank]};

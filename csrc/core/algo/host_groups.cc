@@ -21,6 +21,7 @@ HostGroups host_groups(const std::vector<int>& host) {
     g.local_pos[rank] = static_cast<int>(g.ranks.back().size());
     g.ranks.back().push_back(rank);
   }
+  for (const std::vector<int>& ranks : g.ranks) g.same_size &= ranks.size() == g.ranks[0].size();
   return g;
 }
 

@@ -13,6 +13,7 @@ struct HostGroups {
   std::vector<std::vector<int>> ranks;  // per host, hosts by index, ranks ascending
   std::vector<int> host_pos;            // per rank: its host's position in `ranks`
   std::vector<int> local_pos;           // per rank: its position on its host
+  bool same_size = true;                // whether every host has as many ranks
 };
 
 // Groups ranks by host index (host[r] for rank r; equal indices share a host).

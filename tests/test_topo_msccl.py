@@ -127,5 +127,8 @@ def test_files_that_are_not_algorithms_are_refused(tmp_path):
         load(tmp_path, ring_xml(3).replace('coll="allreduce"', 'coll="broadcast"'))
     with pytest.raises(topo.AlgorithmError, match=r"gpu ids \[0, 1, 2\] are not 0..3"):
         load(tmp_path, ring_xml(3).replace('ngpus="3"', 'ngpus="4"'))
+    huge = "1" * 40  # found by tests/fuzz: once an OverflowError, not a refusal
+    with pytest.raises(topo.AlgorithmError, match=rf"gpu ids \[0, 1, 2\] are not 0..{huge[:-1]}0"):
+        load(tmp_path, ring_xml(3).replace('ngpus="3"', f'ngpus="{huge}"'))
     with pytest.raises(topo.AlgorithmError, match="recv=5 is not another rank of 3"):
         load(tmp_path, ring_xml(3).replace('recv="2"', 'recv="5"', 1))

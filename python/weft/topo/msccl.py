@@ -86,7 +86,8 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
     if unknown:
         fail("<algo>", f"unknown element(s) {', '.join(sorted(unknown))}")
     ids = sorted(number(g, "id", "<gpu>") for g in gpus)
-    if ids != list(range(ranks)):
+    # Counted before compared: ngpus is the file's claim and may be any size.
+    if len(ids) != ranks or ids != list(range(ranks)):
         fail("<algo>", f"gpu ids {ids} are not 0..{ranks - 1} (ngpus={ranks})")
 
     count = None

@@ -624,6 +624,42 @@ def test_sigkill_peer_during_allreduce(transport):
     assert not problems, "\n".join(problems)
 
 
+def scenario_wait_for_root(rank, size, store, timeout_s):
+    """Ranks 0 and 2 wait in a broadcast from rank 1, which never sends (it is killed): they
+    only receive from it, so over RDMA no write of theirs can fail to tell them."""
+    import weft
+
+    comm = weft.Communicator(store, rank, size, timeout=timeout_s)
+    comm.allreduce(np.ones(4, np.float32))  # every connection is up and used once
+    mark("connected")
+    if rank == 1:
+        time.sleep(4 * timeout_s + 60)  # killed by the parent long before
+        return None
+    return outcome(lambda: comm.broadcast(np.zeros(1000, np.float32), 1))
+
+
+@pytest.mark.parametrize(
+    "transport", ["shm", "tcp", *(rdma_backends.param(b, b, id=b) for b in rdma_backends.BACKENDS)]
+)
+def test_sigkill_of_a_peer_others_only_receive_from(transport):
+    if transport == "shm":
+        env, env_per_rank = {"WEFT_TRANSPORT": "shm"}, None
+    else:
+        env = {} if transport == "tcp" else rdma_backends.env(transport)
+        env_per_rank = lambda rank: {"WEFT_HOST_ID": f"weft-recv-host-{rank}"}  # noqa: E731
+    with Ranks(scenario_wait_for_root, 3, SHORT_TIMEOUT_S, env=env, env_per_rank=env_per_rank) as r:
+        for rank in range(3):
+            r.wait_mark(rank, "connected", timeout=120)
+        time.sleep(0.5)
+        os.kill(r.pids[1], signal.SIGKILL)
+        killed_at = time.time()
+        got = {rank: r.result(rank, timeout=SHORT_TIMEOUT_S + SLACK_S + 30) for rank in (0, 2)}
+    for rank, error in got.items():
+        assert error["raised"] == "PeerError", f"rank {rank}: expected PeerError, got {error}"
+        assert error["time"] - killed_at < 2, f"rank {rank}: {error['time'] - killed_at:.1f} s"
+        assert PEER_1.search(error["message"]), error["message"]
+
+
 def scenario_allreduce_once(rank, size, store):
     import weft
 

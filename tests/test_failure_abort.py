@@ -221,3 +221,50 @@ def test_torch_abort_or_destroy_from_another_thread_then_a_new_group(transport, 
     if leaked:
         problems.append(f"/dev/shm segments left behind: {sorted(leaked)}")
     assert not problems, "\n".join(problems)
+
+
+def scenario_leave_between_operations(rank, size, store, ops, leaver):
+    """torch: every rank runs ``ops`` all_reduces; ``leaver`` then calls destroy_process_group()
+    while holding the group, between operations; the others call one more all_reduce."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import weft  # noqa: F401 - registers the backend
+
+    dist.init_process_group(
+        "weft", store=store, rank=rank, world_size=size, timeout=timedelta(seconds=30)
+    )
+    group = dist.group.WORLD  # held: the communicator stays, idle
+    tensor = torch.ones(1 << 18)
+    for _ in range(ops):
+        tensor.fill_(rank + 1)
+        dist.all_reduce(tensor)
+    last_right = bool(torch.all(tensor == size * (size + 1) / 2))
+    if rank == leaver:
+        dist.destroy_process_group()
+        time.sleep(3)  # the communicator is still there while the others fail
+        del group
+        return {"last_right": last_right}
+    info = outcome(lambda: dist.all_reduce(tensor))
+    dist.destroy_process_group()
+    return {"last_right": last_right, **info}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_destroy_between_operations_fails_the_peers_next_one_at_once(transport):
+    """The leaver's peers finish every operation it took part in and fail the next one within
+    2 s (not the group's 30 s timeout), naming the rank that left and why."""
+    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
+    ops, leaver = 20, 1
+    with Ranks(scenario_leave_between_operations, 4, ops, leaver, env=env) as ranks:
+        results = ranks.results(timeout=120)
+    for rank, r in enumerate(results):
+        assert r["last_right"], f"rank {rank}: operation #{ops - 1} summed wrong"
+        if rank == leaver:
+            continue
+        assert r["raised"], f"rank {rank}: the operation after the leave returned: {r}"
+        assert r["elapsed"] < 2, f"rank {rank}: raised after {r['elapsed']:.1f} s: {r}"
+        message = r["message"]
+        assert f"lost rank {leaver}" in message or f"rank {leaver}:" in message, message
+        assert "left the group" in message and "destroy_process_group" in message, message

@@ -76,6 +76,10 @@ void check_apart(const char* what, const void* in, size_t in_bytes, const void* 
 // that Socket::peer_closed() still sees data there and does not mistake a
 // rank that aborted and exited for one whose process died.
 constexpr char kTimedOut = 'T', kPeerFailed = 'P', kUserAbort = 'A';
+// A rank that left an idle group (destroy_process_group between operations)
+// sends kLeft with how many operations it took part in, a space and why: its
+// peers finish those and fail the next one at once.
+constexpr char kLeft = 'L';
 constexpr size_t kMostNoticeBytes = 1024;
 
 void send_abort_notice(Socket& control, char kind, const std::string& reason) {
@@ -103,6 +107,17 @@ std::optional<std::pair<char, std::string>> abort_notice(const Socket& control) 
   const char* end = static_cast<const char*>(std::memchr(buf, '\n', n));
   if (end == nullptr) return std::nullopt;
   return std::make_pair(buf[0], std::string(static_cast<const char*>(buf) + 1, end));
+}
+
+// What a kLeft notice's text says, in words for an error.
+std::string left_words(const std::string& notice) {
+  const uint64_t took = std::strtoull(notice.c_str(), nullptr, 10);
+  const size_t space = notice.find(' ');
+  const std::string why = space == std::string::npos ? "" : " (" + notice.substr(space + 1) + ")";
+  return "it left the group " +
+         (took == 0 ? std::string("before its first operation")
+                    : "after its operation #" + std::to_string(took - 1)) +
+         why;
 }
 
 }  // namespace
@@ -238,17 +253,23 @@ void Communicator::connect(Store& store, const std::string& name) {
   // the peer's process is gone (one with a notice aborted, then maybe exited).
   std::vector<std::vector<Connection*>> by_tag;
   for (const auto& set : collective_conns_) by_tag.push_back(raw(set));
-  executor_ = std::make_unique<Executor>(
-      std::move(by_tag),
-      [this] {
-        for (int p = 0; p < size_; ++p) {
-          if (p == rank_) continue;
-          const Socket& control = mesh_->socket(p, kControlSocket);
-          if (control.peer_closed() && !abort_notice(control)) return p;
-        }
-        return -1;
-      },
-      [this] { return abort_reason(); });
+  PeerStatus peers;
+  peers.departed_peer = [this] {
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const Socket& control = mesh_->socket(p, kControlSocket);
+      if (control.peer_closed() && !abort_notice(control)) return p;
+    }
+    return -1;
+  };
+  peers.abort_reason = [this] { return abort_reason(); };
+  peers.left_before = [this](int peer, uint64_t seq) {
+    const auto notice = abort_notice(mesh_->socket(peer, kControlSocket));
+    if (!notice || notice->first != kLeft) return std::string();
+    if (seq < std::strtoull(notice->second.c_str(), nullptr, 10)) return std::string();
+    return left_words(notice->second);
+  };
+  executor_ = std::make_unique<Executor>(std::move(by_tag), std::move(peers));
   p2p_ =
       std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s(),
                                   [this](const std::string& error) { fail(error, kPeerFailed); });
@@ -559,18 +580,24 @@ void Communicator::check_usable() const {
       why);
 }
 
+bool Communicator::mark_aborted(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (aborted_.load()) return false;
+  abort_reason_ = reason;
+  aborted_.store(true, std::memory_order_release);
+  return true;
+}
+
+void Communicator::tell_peers(char kind, const std::string& text) {
+  if (!mesh_) return;
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) send_abort_notice(mesh_->socket(p, kControlSocket), kind, text);
+  }
+}
+
 void Communicator::fail(const std::string& reason, char kind) {
-  {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (aborted_.load()) return;
-    abort_reason_ = reason;
-    aborted_.store(true, std::memory_order_release);
-  }
-  if (mesh_) {
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_) send_abort_notice(mesh_->socket(p, kControlSocket), kind, reason);
-    }
-  }
+  if (!mark_aborted(reason)) return;
+  tell_peers(kind, reason);
   if (p2p_) p2p_->fail_all(std::make_exception_ptr(AbortedError(reason)));
   for (auto& set : collective_conns_) {
     for (auto& conn : set) {
@@ -584,6 +611,16 @@ void Communicator::fail(const std::string& reason, char kind) {
 
 void Communicator::abort(const std::string& reason) {
   fail("aborted by the user: " + reason, kUserAbort);
+}
+
+void Communicator::leave(const std::string& reason) {
+  const std::string left = "this rank left the group: " + reason;
+  const std::optional<uint64_t> took = queue_.close_if_idle(left);
+  if (!took) return abort(reason + " during an operation");
+  if (!mark_aborted(left)) return;
+  // The connections stay up until the communicator goes: a peer may still be
+  // reading this rank's part of the last operation.
+  tell_peers(kLeft, std::to_string(*took) + " " + reason);
 }
 
 std::string Communicator::blame_chain(int peer) const {
@@ -606,6 +643,7 @@ std::string Communicator::blame_chain(int peer) const {
       return chain.empty() ? "; " + who + " is hung or slow: it did not time out itself"
                            : chain + ", which sent nothing: it is hung or slow";
     }
+    if (notice->first == kLeft) return chain + "; " + who + ": " + left_words(notice->second);
     if (notice->first != kTimedOut) return chain + "; " + who + " had aborted: " + notice->second;
     peer = waited_rank(notice->second);
     chain += chain.empty() ? "; " + who + " timed out too, waiting for rank "
@@ -625,12 +663,16 @@ std::string Communicator::blame_chain(int peer) const {
     if (p == rank_ || why.find("lost rank " + std::to_string(p) + ":") == std::string::npos) {
       continue;
     }
-    if (auto notice = abort_notice(mesh_->socket(p, kControlSocket))) {
-      // The transport saw the process leave after it aborted: that is no death.
-      const std::string gone = "peer process is gone";
-      if (const size_t at = why.find(gone); at != std::string::npos) {
-        why.replace(at, gone.size(), "it aborted and left");
-      }
+    const auto notice = abort_notice(mesh_->socket(p, kControlSocket));
+    if (!notice) break;
+    // The transport saw the process leave after it aborted or left the
+    // group: that is no death.
+    const bool left = notice->first == kLeft;
+    const std::string gone = "peer process is gone";
+    if (const size_t at = why.find(gone); at != std::string::npos) {
+      why.replace(at, gone.size(), left ? left_words(notice->second) : "it aborted and left");
+    }
+    if (!left) {
       why += "; rank " + std::to_string(p) + " had aborted: " + notice->second;
       kind = notice->first;
     }

@@ -122,8 +122,10 @@ class Communicator {
   std::shared_ptr<Work> recv(void* buf, size_t bytes, int peer, uint32_t tag, bool async);
   // Fails this and every later operation and wakes the peers with an error.
   void abort(const std::string& reason);
-  // Whether an operation is running or queued.
-  bool busy() { return queue_.busy(); }
+  // Leaves the group (torch's destroy_process_group): during an operation,
+  // as abort(); between operations, this rank takes no more, and peers that
+  // reach the next one fail it at once, naming this rank and why.
+  void leave(const std::string& reason);
 
   // What a PlanSource is asked: the call of its collective, and this
   // communicator's message size and FIFO depth (the checker's slot_bytes and
@@ -197,6 +199,10 @@ class Communicator {
   std::string abort_reason() const;
   // Aborts this communicator; `kind` tells the peers what failed (comm.cc).
   void fail(const std::string& reason, char kind);
+  // Records why the communicator is aborted: false if it already was.
+  bool mark_aborted(const std::string& reason);
+  // An abort notice of `kind` on every control socket.
+  void tell_peers(char kind, const std::string& text);
   // After a wait on `peer` timed out: whom that peer waited for in turn, and
   // so on, from their abort notices, to the rank that sent nothing.
   std::string blame_chain(int peer) const;

@@ -39,10 +39,7 @@ WeftBackend::~WeftBackend() {
 void WeftBackend::abort() { comm_->abort("ProcessGroup.abort() on rank " + std::to_string(rank_)); }
 
 void WeftBackend::shutdown() {
-  if (comm_->busy()) {
-    comm_->abort("destroy_process_group() on rank " + std::to_string(rank_) +
-                 " during an operation");
-  }
+  comm_->leave("destroy_process_group() on rank " + std::to_string(rank_));
 }
 
 void WeftBackend::setTimeout(std::chrono::milliseconds timeout) {

@@ -72,12 +72,10 @@ struct Lane {
 // channels, waiting.
 class Run {
  public:
-  Run(const std::vector<std::vector<Connection*>>& connections,
-      const std::function<int()>& departed_peer, const std::function<std::string()>& abort_reason,
+  Run(const std::vector<std::vector<Connection*>>& connections, const PeerStatus& status,
       const Plan& plan, const OpBuffers& buffers, const OpContext& op)
       : conns_(connections),
-        departed_peer_(departed_peer),
-        abort_reason_(abort_reason),
+        peers_(status),
         plan_(plan),
         buffers_(buffers),
         op_(op),
@@ -271,7 +269,7 @@ class Run {
   // The communicator was aborted (its connections are shut down): say so
   // rather than blame a peer.
   void throw_if_aborted() const {
-    const std::string why = abort_reason_();
+    const std::string why = peers_.abort_reason();
     if (why.empty()) return;
     std::ostringstream msg;
     msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
@@ -293,7 +291,7 @@ class Run {
     throw_if_aborted();
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
     while (std::chrono::steady_clock::now() < until) {
-      int gone = departed_peer_();
+      int gone = peers_.departed_peer();
       if (gone == closed_peer) throw_lost(gone, why);
       if (gone >= 0) {
         throw_lost(gone, "its process is gone (rank " + std::to_string(closed_peer) +
@@ -326,6 +324,7 @@ class Run {
   // An idle round over what the channels wait for: sleeps on those
   // connections where there are at most two, else naps blind.
   void idle() {
+    check_left();
     const auto describe = [&] {
       if (waits_count_ == 0) {
         return std::string(op_.name) + " #" + std::to_string(op_.seq) + " (" + plan_.algorithm +
@@ -350,9 +349,27 @@ class Run {
     while (!checked(attempt, peer)) {
       poll();
       if (checked(attempt, peer)) break;
+      check_left(peer);
       backoff_.idle([&] { return where(waiting_for, peer, 0); }, {{connection, receiving}});
     }
     backoff_.reset();
+  }
+
+  // Every so often while idle: a peer waited on that left the group before
+  // this operation will never move, so say so now rather than at the timeout.
+  // (Peers it does not wait on block a peer that does, which fails and closes.)
+  void check_left(int peer = -1) {
+    if (++idle_rounds_ % kRoundsPerLeftCheck != 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_left_check_ < kLeftCheckInterval) return;
+    last_left_check_ = now;
+    const size_t waits = std::min(waits_count_, waits_.size());
+    for (size_t i = 0; i < (peer >= 0 ? 1 : waits); ++i) {
+      const int p = peer >= 0 ? peer : waits_[i].peer;
+      if (p < 0) continue;
+      const std::string why = peers_.left_before(p, op_.seq);
+      if (!why.empty()) throw_lost(p, why);
+    }
   }
 
   // Writes `a` (op) `b` — or `a` alone when b is null — into dst and/or slot.
@@ -530,8 +547,7 @@ class Run {
   }
 
   const std::vector<std::vector<Connection*>>& conns_;
-  const std::function<int()>& departed_peer_;
-  const std::function<std::string()>& abort_reason_;
+  const PeerStatus& peers_;
   const Plan& plan_;
   const OpBuffers& buffers_;
   const OpContext& op_;
@@ -544,18 +560,19 @@ class Run {
   bool moved_ = false;
   std::array<Wait, 2> waits_{};  // the first two of waits_count_
   size_t waits_count_ = 0;
+  static constexpr unsigned kRoundsPerLeftCheck = 32;
+  static constexpr std::chrono::milliseconds kLeftCheckInterval{1};
+  unsigned idle_rounds_ = 0;
+  std::chrono::steady_clock::time_point last_left_check_{};
 };
 
 }  // namespace
 
-Executor::Executor(std::vector<std::vector<Connection*>> connections,
-                   std::function<int()> departed_peer, std::function<std::string()> abort_reason)
-    : connections_(std::move(connections)),
-      departed_peer_(std::move(departed_peer)),
-      abort_reason_(std::move(abort_reason)) {}
+Executor::Executor(std::vector<std::vector<Connection*>> connections, PeerStatus peers)
+    : connections_(std::move(connections)), peers_(std::move(peers)) {}
 
 void Executor::run(const Plan& plan, const OpBuffers& buffers, const OpContext& op) {
-  Run(connections_, departed_peer_, abort_reason_, plan, buffers, op).execute();
+  Run(connections_, peers_, plan, buffers, op).execute();
 }
 
 }  // namespace weft

@@ -40,16 +40,25 @@ struct OpContext {
   uint64_t signature;  // tags this operation's messages (op_signature.h)
 };
 
+// What the communicator knows of its peers beyond the connections: asked
+// while a Plan waits or fails.
+struct PeerStatus {
+  // A rank whose process is gone, or -1: used to blame the right rank when a
+  // peer closes because another one died.
+  std::function<int()> departed_peer;
+  // Why the communicator was aborted (empty while it is not): a wait checks
+  // it, so that an abort from another thread ends it.
+  std::function<std::string()> abort_reason;
+  // Why `peer` will take no part in operation `seq` (it left the group
+  // before it), or empty: a wait on it ends at once instead of at the timeout.
+  std::function<std::string(int peer, uint64_t seq)> left_before;
+};
+
 class Executor {
  public:
   // connections[t][p] is the connection of channel tag t to rank p (null
   // for this rank); a Plan's channel tags must be below connections.size().
-  // departed_peer() names a rank whose process is gone, or returns -1: used
-  // to blame the right rank when a peer closes because another one died.
-  // abort_reason() says why the communicator was aborted (empty while it is
-  // not): a wait checks it, so that an abort from another thread ends it.
-  Executor(std::vector<std::vector<Connection*>> connections, std::function<int()> departed_peer,
-           std::function<std::string()> abort_reason);
+  Executor(std::vector<std::vector<Connection*>> connections, PeerStatus peers);
 
   // Throws PeerError/TimeoutError with the operation's context.
   void run(const Plan& plan, const OpBuffers& buffers, const OpContext& op);
@@ -59,8 +68,7 @@ class Executor {
 
  private:
   std::vector<std::vector<Connection*>> connections_;
-  std::function<int()> departed_peer_;
-  std::function<std::string()> abort_reason_;
+  PeerStatus peers_;
 };
 
 }  // namespace weft

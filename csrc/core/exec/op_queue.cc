@@ -41,9 +41,17 @@ bool OpQueue::busy() {
   return busy_ || !queue_.empty();
 }
 
+std::optional<uint64_t> OpQueue::close_if_idle(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (busy_ || !queue_.empty()) return std::nullopt;
+  closed_ = why.empty() ? "closed" : why;
+  return next_seq_;
+}
+
 std::shared_ptr<Work> OpQueue::submit(Op op, bool async) {
   Entry entry{std::move(op), 0, std::make_shared<Work>()};
   std::unique_lock<std::mutex> lock(mu_);
+  if (!closed_.empty()) throw AbortedError(closed_);
   entry.seq = next_seq_++;
   if (completing == this) {
     // Issued by a completion callback (a comm hook chaining its next

@@ -12,6 +12,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "core/exec/work.h"
@@ -32,6 +34,10 @@ class OpQueue {
   std::shared_ptr<Work> submit(Op op, bool async);
   // Whether an operation is running or waiting to run.
   bool busy();
+  // When idle: takes no operation from now on (submit throws AbortedError
+  // with `why`) and returns how many it took; else nullopt and nothing
+  // changes.
+  std::optional<uint64_t> close_if_idle(const std::string& why);
 
  private:
   struct Entry {
@@ -47,6 +53,7 @@ class OpQueue {
   std::deque<Entry> queue_;
   bool busy_ = false;  // an op is running (inline or on the worker)
   bool stopping_ = false;
+  std::string closed_;  // why close_if_idle() closed it; empty while open
   uint64_t next_seq_ = 0;
   std::thread worker_;
 };

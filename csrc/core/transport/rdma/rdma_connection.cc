@@ -53,6 +53,12 @@ using rdma_wire::Kind;
 constexpr size_t kEagerCopyBytes = 64 << 10;
 // How often an idle connection asks the endpoint whether the peer is gone.
 constexpr std::chrono::microseconds kWatchInterval{50};
+// How often a connection waiting on its peer looks at the control socket. A
+// reliable connection with nothing to send never learns that its peer died
+// (on a NIC as in the emulator), so a rank only receiving from a killed one
+// would wait out its timeout; the kernel closes a dead process's sockets.
+constexpr std::chrono::milliseconds kControlInterval{1};
+constexpr std::chrono::milliseconds kControlGrace{50};
 constexpr int kPollBatch = 16;
 
 // rdma_writes(), counted as writes are posted.
@@ -75,6 +81,7 @@ class RdmaConnection : public Connection {
         bad_key_(options.bad_key),
         stride_(round_up(sizeof(Header) + options.slot_bytes, 64)),
         name_(name),
+        control_(control),
         endpoint_(std::move(endpoint)),
         sends_(static_cast<size_t>(slots_)),
         arrived_(static_cast<size_t>(slots_), 0),
@@ -175,6 +182,19 @@ class RdmaConnection : public Connection {
         endpoint_->check_alive();
       } catch (const PeerError& e) {
         fail(e.what());
+      }
+    }
+    // Only while waiting, and still after a grace: a peer may finish its
+    // part and exit while its last acknowledgement or message is in flight.
+    const bool waiting = recv_waiting_ || done_seq_ != send_seq_;
+    if (!waiting) control_closed_seen_ = false;
+    if (broken_.empty() && waiting && now - last_control_check_ >= kControlInterval) {
+      last_control_check_ = now;
+      if (!control_closed_seen_ && control_.peer_closed()) {
+        control_closed_seen_ = true;
+        control_closed_at_ = now;
+      } else if (control_closed_seen_ && now - control_closed_at_ >= kControlGrace) {
+        fail("peer process is gone");
       }
     }
     if (!broken_.empty()) {
@@ -406,6 +426,7 @@ class RdmaConnection : public Connection {
   // inbox when `into_slot`).
   bool receive(size_t bytes, char* dst, bool into_slot) {
     pump();
+    recv_waiting_ = true;
     if (!broken_.empty() || arrived_[next_ % slots_] != next_ + 1) return false;
     const Header& header = *reinterpret_cast<const Header*>(inbox_slot(next_));
     if (!header_checked_) {
@@ -435,6 +456,7 @@ class RdmaConnection : public Connection {
       cleared_ = payload_arrived_ = false;
     }
     header_checked_ = false;
+    recv_waiting_ = false;
     return true;
   }
 
@@ -484,6 +506,7 @@ class RdmaConnection : public Connection {
   const bool bad_key_;
   const size_t stride_;  // of an eager slot: header and payload
   const char* name_;
+  const Socket& control_;  // the Mesh's, which outlives the connection; watched for liveness
   size_t half_bytes_ = 0;  // of memory_: the inbox, then the outbox
   struct Free {
     void operator()(char* p) const { std::free(p); }
@@ -510,6 +533,7 @@ class RdmaConnection : public Connection {
   std::deque<uint64_t> held_;
   std::vector<bool> freed_;
   bool header_checked_ = false;
+  bool recv_waiting_ = false;  // a receive of next_ was asked for and has not completed
   bool cleared_ = false, payload_arrived_ = false;  // next_'s rendezvous
   const char* cleared_dst_ = nullptr;
   const MemoryRegion* dst_region_ = nullptr;
@@ -518,7 +542,9 @@ class RdmaConnection : public Connection {
   RegistrationCache cache_;
   std::string broken_;
   bool out_of_step_ = false;
-  std::chrono::steady_clock::time_point last_watch_{};
+  std::chrono::steady_clock::time_point last_watch_{}, last_control_check_{};
+  bool control_closed_seen_ = false;  // while waiting, since control_closed_at_
+  std::chrono::steady_clock::time_point control_closed_at_{};
 };
 
 }  // namespace

@@ -29,7 +29,8 @@ RdmaWrites rdma_writes();
 
 // A Connection over a connected RdmaEndpoint, with NCCL net_ib's protocol
 // (rdma_connection.cc). The two sides exchange their inboxes' addresses and
-// keys over `control` (a connected socket of the Mesh, not kept).
+// keys over `control` (a connected socket of the Mesh, which must outlive the
+// connection: it is watched for the peer's death while the connection waits).
 std::unique_ptr<Connection> make_rdma_connection(std::unique_ptr<RdmaEndpoint> endpoint,
                                                  Socket& control, const RdmaOptions& options,
                                                  double timeout_s, const char* transport_name);

@@ -474,6 +474,8 @@ PYBIND11_MODULE(_C, m) {
         return std::map<std::string, uint64_t>{{"eager", w.eager},
                                                {"ready_to_send", w.ready_to_send},
                                                {"clear_to_send", w.clear_to_send},
+                                               {"early_clear_to_send", w.early_clear_to_send},
+                                               {"unused_clear_to_send", w.unused_clear_to_send},
                                                {"payload", w.payload},
                                                {"credit", w.credit}};
       },

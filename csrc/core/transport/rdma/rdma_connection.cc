@@ -10,7 +10,12 @@
 // receiver reaches that message it registers its destination (recv_into's
 // buffer or the slot itself) and writes a clear-to-send entry (address, key,
 // length) into the sender's FIFO; the sender then writes the payload
-// straight from the caller's memory with immediate Payload. Clear-to-send
+// straight from the caller's memory with immediate Payload. A recv_into of
+// more than kEagerCopyBytes that finds its message not yet there writes the
+// clear-to-send at once, as NCCL's net_ib posts its receives: when the
+// sender gets to the message it writes the header and the payload back to
+// back, and the rendezvous costs no round trip (the entry goes unused if the
+// message comes eagerly). Clear-to-send
 // entries thus carry the rendezvous, and the slots they belong to the
 // credits. Immediates name every write (rdma_wire.h), so the receiver learns
 // of every message from its completion queue without polling memory, in
@@ -19,8 +24,8 @@
 //
 // Counted per transfer: an eager message is one write one way (plus a
 // Credit write back when the receiver frees its slot); a rendezvous message
-// is three (ready-to-send, clear-to-send, payload: 1.5 round trips) plus the
-// Credit.
+// is three (ready-to-send, clear-to-send, payload) plus the Credit: 1.5 round
+// trips when the receiver comes second, half of one when it came first.
 //
 // The header's length and operation are checked against what the receiver
 // asks for, as tcp and shm check theirs, before any payload is accepted.
@@ -63,6 +68,7 @@ constexpr int kPollBatch = 16;
 
 // rdma_writes(), counted as writes are posted.
 std::atomic<uint64_t> g_eager{0}, g_ready{0}, g_cts{0}, g_payload{0}, g_credit{0};
+std::atomic<uint64_t> g_cts_early{0}, g_cts_unused{0};
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -331,6 +337,10 @@ class RdmaConnection : public Connection {
         return;
       }
       ++s.pending;
+      if (early_cts_ == written_seq_ + 1) {
+        early_cts_ = 0;
+        if (s.src) take_clear_to_send(written_seq_, s);
+      }
       ++written_seq_;
     }
     for (uint64_t seq = done_seq_; seq < written_seq_; ++seq) {
@@ -382,15 +392,20 @@ class RdmaConnection : public Connection {
         return;
       }
       case Kind::ClearToSend: {
-        const uint64_t seq = rdma_wire::seq_after(done_seq_, c.imm);
-        if (seq >= written_seq_) return protocol_error("clear-to-send for a message never sent");
-        Send& s = sends_[seq % slots_];
-        if (!s.src || s.cleared) return protocol_error("unexpected clear-to-send");
-        if (inbox_cts(seq)->length != s.bytes) {
-          return protocol_error("clear-to-send for " + std::to_string(inbox_cts(seq)->length) +
-                                " bytes, the message has " + std::to_string(s.bytes));
+        // The receiver is at most `slots_` messages behind what was sent, and
+        // at most at the next message to write (whose entry came early).
+        const uint64_t slots = static_cast<uint64_t>(slots_);
+        const uint64_t seq =
+            rdma_wire::seq_after(done_seq_ >= slots ? done_seq_ - slots : 0, c.imm);
+        if (seq > written_seq_) return protocol_error("clear-to-send for a message never sent");
+        if (seq == written_seq_) {
+          early_cts_ = seq + 1;  // taken when its header is written
+          return;
         }
-        s.cleared = true;
+        if (seq < done_seq_ || !sends_[seq % slots_].src) return;  // it went eagerly
+        Send& s = sends_[seq % slots_];
+        if (s.cleared) return protocol_error("a second clear-to-send for one message");
+        take_clear_to_send(seq, s);
         return;
       }
       case Kind::Payload: {
@@ -413,6 +428,14 @@ class RdmaConnection : public Connection {
     protocol_error("unknown immediate " + std::to_string(c.imm));
   }
 
+  // Message seq's payload may go where the receiver's entry says, if the
+  // entry is for this message: one asking for another length or operation is
+  // left unanswered, and the receiver, finding the header differ, fails.
+  void take_clear_to_send(uint64_t seq, Send& s) {
+    const ClearToSend& cts = *inbox_cts(seq);
+    if (cts.length == s.bytes && cts.operation == s.operation) s.cleared = true;
+  }
+
   void retire_sends() {
     while (done_seq_ < written_seq_) {
       const Send& s = sends_[done_seq_ % slots_];
@@ -427,7 +450,15 @@ class RdmaConnection : public Connection {
   bool receive(size_t bytes, char* dst, bool into_slot) {
     pump();
     recv_waiting_ = true;
-    if (!broken_.empty() || arrived_[next_ % slots_] != next_ + 1) return false;
+    if (!broken_.empty()) return false;
+    if (arrived_[next_ % slots_] != next_ + 1) {
+      if (!cleared_ && !into_slot && bytes > kEagerCopyBytes) {
+        clear_to_send(bytes, dst, false);
+        ++g_cts_early;
+        pump();
+      }
+      return false;
+    }
     const Header& header = *reinterpret_cast<const Header*>(inbox_slot(next_));
     if (!header_checked_) {
       if (header.operation != operation_) {
@@ -451,9 +482,10 @@ class RdmaConnection : public Connection {
                               ": a receive repeated with a different buffer mid-message");
       }
       if (!payload_arrived_) return false;
-      if (dst_region_) cache_.release(*dst_region_);
-      dst_region_ = nullptr;
-      cleared_ = payload_arrived_ = false;
+      end_clear_to_send();
+    } else if (cleared_) {
+      end_clear_to_send();  // an early entry the eager message did not need
+      ++g_cts_unused;
     }
     header_checked_ = false;
     recv_waiting_ = false;
@@ -465,11 +497,17 @@ class RdmaConnection : public Connection {
     if (!into_slot && bytes > 0) region = dst_region_ = &cache_.acquire(dst, bytes);
     ClearToSend& cts = *outbox_cts(next_);
     const uint64_t key = bad_key_ ? ~region->remote_key() : region->remote_key();
-    cts = ClearToSend{region->remote_address(dst), key, bytes, next_};
+    cts = ClearToSend{region->remote_address(dst), key, bytes, next_, operation_};
     cleared_ = true;
     cleared_dst_ = dst;
     // A clear-to-send that does not fit now goes on the next pump.
     pending_cts_.push_back(next_);
+  }
+
+  void end_clear_to_send() {
+    if (dst_region_) cache_.release(*dst_region_);
+    dst_region_ = nullptr;
+    cleared_ = payload_arrived_ = false;
   }
 
   void post_cts() {
@@ -522,6 +560,7 @@ class RdmaConnection : public Connection {
   uint64_t send_seq_ = 0, written_seq_ = 0, done_seq_ = 0;
   uint64_t peer_freed_ = 0;  // slots the peer freed: we may write below peer_freed_ + slots_
   bool reserved_ = false;
+  uint64_t early_cts_ = 0;  // seq + 1 of a clear-to-send that came before its header went
 
   // Receiving: arrived_[slot] is 1 + the seq of the message that landed in
   // it (0: none; writes may land out of order on unordered endpoints, as
@@ -550,8 +589,8 @@ class RdmaConnection : public Connection {
 }  // namespace
 
 RdmaWrites rdma_writes() {
-  return RdmaWrites{g_eager.load(), g_ready.load(), g_cts.load(), g_payload.load(),
-                    g_credit.load()};
+  return RdmaWrites{g_eager.load(),      g_ready.load(),   g_cts.load(),   g_cts_early.load(),
+                    g_cts_unused.load(), g_payload.load(), g_credit.load()};
 }
 
 std::unique_ptr<Connection> make_rdma_connection(std::unique_ptr<RdmaEndpoint> endpoint,

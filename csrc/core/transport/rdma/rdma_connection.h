@@ -22,7 +22,9 @@ struct RdmaWrites {
   uint64_t eager = 0;          // header and payload together
   uint64_t ready_to_send = 0;  // a rendezvous message's header alone
   uint64_t clear_to_send = 0;
-  uint64_t payload = 0;  // a rendezvous message's payload
+  uint64_t early_clear_to_send = 0;   // of those, written before the header arrived
+  uint64_t unused_clear_to_send = 0;  // early ones whose message came eagerly
+  uint64_t payload = 0;               // a rendezvous message's payload
   uint64_t credit = 0;
 };
 RdmaWrites rdma_writes();

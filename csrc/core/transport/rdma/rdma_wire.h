@@ -25,11 +25,15 @@ struct Header {
   uint64_t reserved;
 };
 
+// Written when the receiver reaches the message, which may be before its
+// ready-to-send arrived (then the sender checks length and operation against
+// the message before it writes).
 struct ClearToSend {
   uint64_t address;  // as the sender's write names it (RdmaEndpoint::remote_address)
   uint64_t key;
   uint64_t length;
   uint64_t seq;
+  uint64_t operation;  // the receiver's, op_signature.h
 };
 
 // What an immediate announces (its top bits); the rest is a message's seq

@@ -392,12 +392,15 @@ class RdmaConnection : public Connection {
         return;
       }
       case Kind::ClearToSend: {
-        // The receiver is at most `slots_` messages behind what was sent, and
-        // at most at the next message to write (whose entry came early).
+        // When it was written the receiver was at most `slots_` messages
+        // behind what was sent, and at most at the next message to write
+        // (an early entry). Seen as beyond that, it is an early entry for a
+        // message that went eagerly long ago, overtaken by the writes after
+        // it (several QPs deliver in any order): nothing to do.
         const uint64_t slots = static_cast<uint64_t>(slots_);
         const uint64_t seq =
             rdma_wire::seq_after(done_seq_ >= slots ? done_seq_ - slots : 0, c.imm);
-        if (seq > written_seq_) return protocol_error("clear-to-send for a message never sent");
+        if (seq > written_seq_) return;
         if (seq == written_seq_) {
           early_cts_ = seq + 1;  // taken when its header is written
           return;

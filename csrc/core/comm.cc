@@ -109,9 +109,14 @@ std::optional<std::pair<char, std::string>> abort_notice(const Socket& control) 
   return std::make_pair(buf[0], std::string(static_cast<const char*>(buf) + 1, end));
 }
 
+// How many operations a kLeft notice's rank took part in.
+uint64_t operations_taken(const std::string& notice) {
+  return std::strtoull(notice.c_str(), nullptr, 10);
+}
+
 // What a kLeft notice's text says, in words for an error.
 std::string left_words(const std::string& notice) {
-  const uint64_t took = std::strtoull(notice.c_str(), nullptr, 10);
+  const uint64_t took = operations_taken(notice);
   const size_t space = notice.find(' ');
   const std::string why = space == std::string::npos ? "" : " (" + notice.substr(space + 1) + ")";
   return "it left the group " +
@@ -266,7 +271,7 @@ void Communicator::connect(Store& store, const std::string& name) {
   peers.left_before = [this](int peer, uint64_t seq) {
     const auto notice = abort_notice(mesh_->socket(peer, kControlSocket));
     if (!notice || notice->first != kLeft) return std::string();
-    if (seq < std::strtoull(notice->second.c_str(), nullptr, 10)) return std::string();
+    if (seq < operations_taken(notice->second)) return std::string();
     return left_words(notice->second);
   };
   executor_ = std::make_unique<Executor>(std::move(by_tag), std::move(peers));

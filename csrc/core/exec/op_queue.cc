@@ -36,11 +36,6 @@ void OpQueue::run(Entry& entry) {
   completing = outer;
 }
 
-bool OpQueue::busy() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return busy_ || !queue_.empty();
-}
-
 std::optional<uint64_t> OpQueue::close_if_idle(const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (busy_ || !queue_.empty()) return std::nullopt;

@@ -32,8 +32,6 @@ class OpQueue {
 
   // async=false: returns once the op finished, rethrowing its error.
   std::shared_ptr<Work> submit(Op op, bool async);
-  // Whether an operation is running or waiting to run.
-  bool busy();
   // When idle: takes no operation from now on (submit throws AbortedError
   // with `why`) and returns how many it took; else nullopt and nothing
   // changes.

@@ -117,7 +117,8 @@ nfds_t Backoff::awaited_sockets(std::initializer_list<Awaited> awaited, pollfd* 
   for (const Awaited& a : awaited) {
     const int fd = a.connection->readiness_fd();
     if (fd < 0 || n == 2) return 0;  // shared memory: nothing to sleep on
-    sockets[n++] = pollfd{fd, static_cast<short>(a.receiving ? POLLIN : POLLOUT), 0};
+    const bool readable = a.receiving || a.connection->readiness_by_reading();
+    sockets[n++] = pollfd{fd, static_cast<short>(readable ? POLLIN : POLLOUT), 0};
   }
   return n;
 }

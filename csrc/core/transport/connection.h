@@ -60,6 +60,9 @@ class Connection {
   // when the peer's bytes arrive, writable when sends can move), or -1 when
   // there is none (shared memory).
   virtual int readiness_fd() const { return -1; }
+  // Whether readiness_fd() turns readable for both (a completion queue's
+  // descriptor: room to send comes back as a completion too).
+  virtual bool readiness_by_reading() const { return false; }
   // Sleeps until the peer may have posted a message (receiving) or freed room
   // for one (sending), for at most `timeout`. Returns false at once where the
   // transport has nothing to sleep on: the waiter then naps blind.

@@ -60,6 +60,10 @@ class RdmaEndpoint {
                               uint64_t id) = 0;
   // Up to `max` completions into `out`; returns how many.
   virtual int poll(Completion* out, int max) = 0;
+  // A descriptor that turns readable when a completion may be ready, for a
+  // waiter to sleep on after poll() returned nothing; -1 when a completion
+  // may be ready at once, or where the back end has none (then waiters poll).
+  virtual int sleep_fd() { return -1; }
   // Throws PeerError when the peer closed the connection or it failed.
   virtual void check_alive() = 0;
   // Closes the connection so that the peer notices.

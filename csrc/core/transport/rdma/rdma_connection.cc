@@ -211,6 +211,11 @@ class RdmaConnection : public Connection {
 
   void shutdown() override { endpoint_->close(); }
 
+  // Valid as of the last pump, which every receive and send call ends with
+  // (a waiter calls one just before it sleeps).
+  int readiness_fd() const override { return broken_.empty() ? sleep_fd_ : -1; }
+  bool readiness_by_reading() const override { return true; }
+
   size_t slot_bytes() const override { return slot_bytes_; }
   size_t capacity_bytes() const override { return slot_bytes_ * static_cast<size_t>(slots_); }
   const char* transport_name() const override { return name_; }
@@ -298,6 +303,7 @@ class RdmaConnection : public Connection {
         for (int i = 0; i < n; ++i) handle(done[i]);
         post_all();
       }
+      sleep_fd_ = endpoint_->sleep_fd();
     } catch (const PeerError& e) {
       fail(e.what());
     }
@@ -582,6 +588,7 @@ class RdmaConnection : public Connection {
   std::deque<uint64_t> pending_cts_;
 
   RegistrationCache cache_;
+  int sleep_fd_ = -1;  // the endpoint's, when nothing was left to poll
   std::string broken_;
   bool out_of_step_ = false;
   std::chrono::steady_clock::time_point last_watch_{}, last_control_check_{};

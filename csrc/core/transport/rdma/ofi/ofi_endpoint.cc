@@ -220,6 +220,14 @@ class OfiEndpoint : public RdmaEndpoint {
     return got;
   }
 
+  // fi_trywait says whether the descriptor may be slept on: it fails while
+  // completions wait to be read.
+  int sleep_fd() override {
+    if (wait_fd_ < 0) return -1;
+    fid* queue = &cq_->fid;
+    return fi_trywait(fabric_, &queue, 1) == FI_SUCCESS ? wait_fd_ : -1;
+  }
+
   void check_alive() override {
     if (av_) return;  // no connection to watch
     uint32_t event = 0;
@@ -312,10 +320,7 @@ class OfiEndpoint : public RdmaEndpoint {
 
   void open_endpoint(fi_info* info, bool reliable_datagrams = false) {
     if (!reliable_datagrams) check("fi_domain", fi_domain(fabric_, info, &domain_, nullptr));
-    fi_cq_attr cq_attr{};
-    cq_attr.format = FI_CQ_FORMAT_DATA;
-    cq_attr.wait_obj = FI_WAIT_NONE;
-    check("fi_cq_open", fi_cq_open(domain_, &cq_attr, &cq_, nullptr));
+    open_completion_queue();
     check("fi_endpoint", fi_endpoint(domain_, info, &ep_, nullptr));
     if (reliable_datagrams) {
       check("fi_ep_bind av", fi_ep_bind(ep_, &av_->fid, 0));
@@ -332,6 +337,25 @@ class OfiEndpoint : public RdmaEndpoint {
     if (rx_cq_data_) {
       for (int i = 0; i < kPostedReceives; ++i) post_receive();
     }
+  }
+
+  // The tcp provider's completion queue can have a descriptor that its
+  // sockets make readable, so that waiters sleep in the kernel instead of
+  // polling (each poll is a syscall there, and with more ranks than cores
+  // the pollers take the CPU from the ranks with work). Other providers
+  // deliver through memory that no descriptor watches: they are polled.
+  void open_completion_queue() {
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.wait_obj = provider_ == "tcp" ? FI_WAIT_FD : FI_WAIT_NONE;
+    if (cq_attr.wait_obj == FI_WAIT_FD && fi_cq_open(domain_, &cq_attr, &cq_, nullptr) == 0) {
+      if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) == 0 && wait_fd_ >= 0) return;
+      close_fid(&cq_->fid);
+      cq_ = nullptr;
+      wait_fd_ = -1;
+    }
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    check("fi_cq_open", fi_cq_open(domain_, &cq_attr, &cq_, nullptr));
   }
 
   void post_receive() {
@@ -389,6 +413,7 @@ class OfiEndpoint : public RdmaEndpoint {
     throw PeerError(std::string("ofi: connection failed: ") + libfabric().strerror(err.err));
   }
 
+  int wait_fd_ = -1;  // cq_'s descriptor, or -1 where it has none
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
   fid_eq* eq_ = nullptr;

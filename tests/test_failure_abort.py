@@ -223,9 +223,10 @@ def test_torch_abort_or_destroy_from_another_thread_then_a_new_group(transport, 
     assert not problems, "\n".join(problems)
 
 
-def scenario_leave_between_operations(rank, size, store, ops, leaver):
+def scenario_leave_between_operations(rank, size, store, ops, leaver, then):
     """torch: every rank runs ``ops`` all_reduces; ``leaver`` then calls destroy_process_group()
-    while holding the group, between operations; the others call one more all_reduce."""
+    while holding the group, between operations; the others call one more all_reduce, or a
+    recv from the leaver (``then``)."""
     from datetime import timedelta
 
     import torch
@@ -246,18 +247,23 @@ def scenario_leave_between_operations(rank, size, store, ops, leaver):
         time.sleep(3)  # the communicator is still there while the others fail
         del group
         return {"last_right": last_right}
-    info = outcome(lambda: dist.all_reduce(tensor))
+    if then == "recv":
+        info = outcome(lambda: dist.recv(tensor, src=leaver))
+    else:
+        info = outcome(lambda: dist.all_reduce(tensor))
     dist.destroy_process_group()
     return {"last_right": last_right, **info}
 
 
+@pytest.mark.parametrize("then", ["all_reduce", "recv"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_destroy_between_operations_fails_the_peers_next_one_at_once(transport):
-    """The leaver's peers finish every operation it took part in and fail the next one within
-    2 s (not the group's 30 s timeout), naming the rank that left and why."""
+def test_destroy_between_operations_fails_the_peers_next_one_at_once(transport, then):
+    """The leaver's peers finish every operation it took part in and fail the next one (a
+    collective, or a receive from the leaver) within 2 s (not the group's 30 s timeout), naming
+    the rank that left and why."""
     env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
     ops, leaver = 20, 1
-    with Ranks(scenario_leave_between_operations, 4, ops, leaver, env=env) as ranks:
+    with Ranks(scenario_leave_between_operations, 4, ops, leaver, then, env=env) as ranks:
         results = ranks.results(timeout=120)
     for rank, r in enumerate(results):
         assert r["last_right"], f"rank {rank}: operation #{ops - 1} summed wrong"

@@ -275,9 +275,13 @@ void Communicator::connect(Store& store, const std::string& name) {
     return left_words(notice->second);
   };
   executor_ = std::make_unique<Executor>(std::move(by_tag), std::move(peers));
-  p2p_ =
-      std::make_unique<P2pEngine>(rank_, raw(p2p_conns_), timeout_s(),
-                                  [this](const std::string& error) { fail(error, kPeerFailed); });
+  p2p_ = std::make_unique<P2pEngine>(
+      rank_, raw(p2p_conns_), timeout_s(),
+      [this](const std::string& error) { fail(error, kPeerFailed); },
+      [this](int peer) {
+        const auto notice = abort_notice(mesh_->socket(peer, kControlSocket));
+        return notice && notice->first == kLeft ? left_words(notice->second) : std::string();
+      });
   cost_model_ = tuned_cost_model();
   if (forced_algorithm_ == Algorithm::Auto && config().tune != "off") {
     trials_ = std::make_unique<FamilyTrials>(topology_, cost_model_, rank_);

@@ -15,15 +15,24 @@ namespace weft {
 namespace {
 
 constexpr uint32_t kMagic = 0x77667470;  // "wftp"
+// How often a waiting engine asks whether peers left the group (a syscall a
+// peer), and how long after it saw one leave it fails the requests naming it:
+// messages the peer sent before it left may still be on their way.
+constexpr auto kDepartureCheck = std::chrono::milliseconds(1);
+constexpr auto kLeftGrace = std::chrono::milliseconds(50);
 
 }  // namespace
 
 P2pEngine::P2pEngine(int rank, std::vector<Connection*> connections, double timeout_s,
-                     std::function<void(const std::string&)> on_error)
+                     std::function<void(const std::string&)> on_error,
+                     std::function<std::string(int)> left_group)
     : rank_(rank),
       conns_(std::move(connections)),
       timeout_s_(timeout_s),
       on_error_(std::move(on_error)),
+      left_group_(std::move(left_group)),
+      left_why_(conns_.size()),
+      left_since_(conns_.size()),
       sends_(conns_.size()),
       arrivals_(conns_.size()),
       stash_(conns_.size()) {
@@ -171,6 +180,61 @@ void P2pEngine::withdraw_cancelled() {
              timed_out("send", it->seq, static_cast<int>(p), "the message could not be sent"));
       it = queue.erase(it);
     }
+  }
+}
+
+void P2pEngine::fail_requests_of_departed() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_departure_check_ < kDepartureCheck) return;
+  last_departure_check_ = now;
+  // The peers a request waits on (all of them for an any-source receive).
+  std::vector<bool> awaited(conns_.size(), false);
+  bool any_source = false;
+  for (const auto& r : recvs_) {
+    if (r->peer < 0) {
+      any_source = true;
+    } else {
+      awaited[r->peer] = true;
+    }
+  }
+  for (size_t p = 0; p < sends_.size(); ++p) awaited[p] = awaited[p] || !sends_[p].empty();
+  int first_peer = -1;
+  for (size_t p = 0; p < conns_.size(); ++p) {
+    if (conns_[p] == nullptr || !(awaited[p] || any_source) || !left_why_[p].empty()) continue;
+    left_why_[p] = left_group_(static_cast<int>(p));
+    left_since_[p] = now;
+  }
+  auto gone = [&](size_t p) { return !left_why_[p].empty() && now - left_since_[p] >= kLeftGrace; };
+  bool everyone_left = true;
+  for (size_t p = 0; p < conns_.size(); ++p) {
+    if (conns_[p] == nullptr) continue;
+    if (first_peer < 0) first_peer = static_cast<int>(p);
+    everyone_left = everyone_left && gone(p);
+  }
+  auto lost = [&](const char* op, uint64_t seq, int peer, int departed, const std::string& what) {
+    return std::make_exception_ptr(PeerError(describe(op, seq, peer) + ": lost rank " +
+                                             std::to_string(departed) + ": " + left_why_[departed] +
+                                             "; " + what));
+  };
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    const RecvRequest& r = **it;
+    const bool fails =
+        r.peer < 0 ? first_peer >= 0 && everyone_left : gone(r.peer) && !arrivals_[r.peer].active;
+    if (!fails) {
+      ++it;
+      continue;
+    }
+    finish(r.work, lost("recv", r.seq, r.peer, r.peer < 0 ? first_peer : r.peer,
+                        "no message with tag " + std::to_string(r.tag) + " came before"));
+    it = recvs_.erase(it);
+  }
+  for (size_t p = 0; p < sends_.size(); ++p) {
+    if (sends_[p].empty() || !gone(p)) continue;
+    for (SendRequest& request : sends_[p]) {
+      finish(request.work, lost("send", request.seq, static_cast<int>(p), static_cast<int>(p),
+                                "nobody will receive the message"));
+    }
+    sends_[p].clear();
   }
 }
 
@@ -330,6 +394,13 @@ void P2pEngine::loop() {
     complete_finished();
     lock.lock();
     if (!error && !moved && pending()) {
+      fail_requests_of_departed();
+      if (!finished_.empty()) {
+        lock.unlock();
+        complete_finished();
+        lock.lock();
+        continue;
+      }
       const bool stalled = in_flight();
       std::string awaited = oldest_pending();
       if (!stalled) moving.emplace(timeout_s_.load());

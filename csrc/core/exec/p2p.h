@@ -12,10 +12,13 @@
 // Timeouts: a message that stops moving part way (its peer stopped reading or
 // writing) fails the engine after timeout_s, since the connection's stream is
 // then lost. A receive whose message never comes only waits: whoever waits
-// for it bounds the wait and then withdraws it (Work::request_cancel).
+// for it bounds the wait and then withdraws it (Work::request_cancel). One
+// from a rank that left the group (destroy_process_group) fails at once, and
+// so does a send to it: what it sent before it left has arrived by then.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -39,9 +42,11 @@ class P2pEngine {
   // connections[p] is the point-to-point connection to rank p (null for this
   // rank). `on_error` runs (once, on the engine thread) when a peer is lost
   // or a message in flight stops moving for timeout_s; every pending request
-  // fails with it.
+  // fails with it. `left_group(p)` says why rank p left the group, or is
+  // empty while it has not.
   P2pEngine(int rank, std::vector<Connection*> connections, double timeout_s,
-            std::function<void(const std::string&)> on_error);
+            std::function<void(const std::string&)> on_error,
+            std::function<std::string(int)> left_group);
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
@@ -106,6 +111,9 @@ class P2pEngine {
   bool in_flight() const;
   // Fails the requests whose Work asked to be cancelled and have not started.
   void withdraw_cancelled();
+  // Fails the receives from, and sends to, ranks that left the group a grace
+  // ago; any-source receives once every peer has left.
+  void fail_requests_of_departed();
   std::string oldest_pending() const;
   std::string describe(const char* op, uint64_t seq, int peer) const;
   // Works finish under mu_ but complete after it is released: their
@@ -117,6 +125,12 @@ class P2pEngine {
   const std::vector<Connection*> conns_;
   std::atomic<double> timeout_s_;
   const std::function<void(const std::string&)> on_error_;
+  const std::function<std::string(int)> left_group_;
+  // Per peer: why it left and since when (as this rank first saw it); empty
+  // while it has not. Looked at every kDepartureCheck at most.
+  std::vector<std::string> left_why_;
+  std::vector<std::chrono::steady_clock::time_point> left_since_;
+  std::chrono::steady_clock::time_point last_departure_check_{};
 
   std::mutex mu_;
   std::condition_variable cv_;

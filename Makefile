@@ -13,7 +13,7 @@ RESULTS = bench/results
 BENCH_SWEEP = -o all -b 8 -e 64M -n 20 -w 5 --repeats 5 --vs gloo,mpi
 
 # The algorithm sweeps (bench/results/algos_tcp_np*.*, hier_2x2_1gbit.*, hosts_8x1_1gbit.*,
-# double_tree_8x1_1gbit.*: the double tree on one channel and on two):
+# double_tree_8x1_1gbit.*: the double tree on one, two and four channels):
 # the allreduce families ring, tree, rd, rhd and auto over tcp with 4 and 8 ranks against gloo
 # and OpenMPI (over its shared memory, and held to tcp like weft), and across namespace "hosts"
 # whose links tc limits to 1 Gbit/s (2 hosts of 2 ranks, 8 of 1; needs root).
@@ -106,7 +106,7 @@ bench-algorithms: install install-peers
 		--json $(RESULTS)/hosts_8x1_1gbit.json --plot $(RESULTS)/hosts_8x1_1gbit.png \
 		> $(RESULTS)/hosts_8x1_1gbit.md
 	$(PYTHON) bench/hier_netns.py --hosts 8 --per-host 1 --rate 1000 -b 1M -e 64M \
-		--algos ring,tree --channels 1,2 -n 3 --rounds 3 --repeats 1 --vs "" \
+		--algos ring,tree --channels 1,2,4 -n 3 --rounds 3 --repeats 1 --vs "" \
 		--json $(RESULTS)/double_tree_8x1_1gbit.json --plot $(RESULTS)/double_tree_8x1_1gbit.png \
 		> $(RESULTS)/double_tree_8x1_1gbit.md
 

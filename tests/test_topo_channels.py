@@ -157,12 +157,12 @@ def test_reduce_steps_run_on_a_channel_without_connections(pools):
     assert pools.get(3, "shm").run(case_reduce_steps) == [True] * 3
 
 
-def case_tree_in_one_and_two_channels(ctx, count):
-    """The double tree as communicators plan it (two channels) and with one, through the
-    executor, over many rounds."""
+def case_tree_on_channels(ctx, count, channel_counts):
+    """The double tree on one channel, on two (reductions, broadcasts) and on four (each tree's
+    reduction and broadcast), through the executor, over many rounds."""
     comm, n, r = ctx.comm, ctx.size, ctx.rank
     results = []
-    for channels in (1, 2):
+    for channels in channel_counts:
         algo = topo.builtin(
             "allreduce", "tree", n, count=count, channels=channels, slot_bytes=4096, slots=4
         )
@@ -174,11 +174,16 @@ def case_tree_in_one_and_two_channels(ctx, count):
     return results
 
 
-def test_the_double_tree_runs_its_reductions_and_broadcasts_on_two_channels(pools):
+def test_the_double_tree_runs_on_one_two_and_four_channels(pools):
     for count in (4099, 20011):
         assert (
-            pools.get(4, "tcp-small").run(case_tree_in_one_and_two_channels, count)
+            pools.get(4, "tcp-small").run(case_tree_on_channels, count, (1, 2))
             == [[1, True, 2, True]] * 4
+        )
+        # Four channels need four connection sets (WEFT_CHANNELS=8 here).
+        assert (
+            pools.get(4, "shm-8-channels").run(case_tree_on_channels, count, (4,))
+            == [[4, True]] * 4
         )
 
 

@@ -72,6 +72,33 @@ def test_hier_on_other_host_layouts(ranks, hosts):
             assert report.ok, report
 
 
+@pytest.mark.parametrize("channels", [1, 2, 4])
+def test_the_double_tree_passes_the_checker_on_1_to_33_ranks(channels):
+    """From 16 KiB the tree allreduce splits the buffer between two trees, in rounds, on the
+    channels it is given: one, two (reductions, broadcasts) or four (each tree's own). Elements
+    of 4 KiB keep the chunks the checker follows few: 13 of them, 2 a tree a round."""
+    failures = []
+    for ranks in WORLDS:
+        for in_place in (False, True):
+            algo = topo.builtin(
+                "allreduce",
+                "tree",
+                ranks,
+                count=13,
+                elem_size=4096,
+                in_place=in_place,
+                channels=channels,
+                slot_bytes=4096,
+                slots=4,
+            )
+            used = {len(p.channels) for p in algo.programs}
+            assert used == {channels if ranks > 1 else 1}, (ranks, used)
+            report = topo.check(algo)
+            if not report.ok:
+                failures.append(f"{ranks} ranks, in place {in_place}:\n{report}")
+    assert not failures, "\n".join(failures[:3])
+
+
 @pytest.mark.parametrize("ranks", [3, 5, 8, 9])
 def test_plans_of_ranks_that_share_cpus(ranks):
     """rd folds the ranks of each CPU onto its first rank; every family stays right."""

@@ -9,7 +9,9 @@
 // buffers go in rounds whose chunks fit in half a connection's buffering, as
 // in the ring. Where the world has two channels, reductions run on one and
 // broadcasts on the other, so a round's reduction goes up while the round
-// before comes down, instead of waiting for it to reach the leaves.
+// before comes down, instead of waiting for it to reach the leaves. With
+// four, each tree's reduction and broadcast have their own, so neither tree
+// waits for the other's turn on a shared channel either.
 #include <algorithm>
 
 #include "core/algo/algorithms.h"
@@ -161,8 +163,18 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
   const TreeNode trees[2] = {split == 1 && one_host ? wide_tree_node(ctx.rank, ctx.size)
                                                     : double_tree_node(ctx.rank, ctx.size, 0),
                              double_tree_node(ctx.rank, ctx.size, 1)};
-  const bool two_channels = ctx.channels >= 2 && ctx.buffered_sends;
-  if (two_channels) plan.channel_tags = {0, 1};
+  // reduce_channel[t] and broadcast_channel[t]: tree t's.
+  int reduce_channel[2] = {0, 0}, broadcast_channel[2] = {0, 0};
+  if (ctx.buffered_sends && ctx.channels >= 4 && split == 2) {
+    plan.channel_tags = {0, 1, 2, 3};
+    reduce_channel[1] = 2;
+    broadcast_channel[0] = 1;
+    broadcast_channel[1] = 3;
+  } else if (ctx.buffered_sends && ctx.channels >= 2) {
+    plan.channel_tags = {0, 1};
+    broadcast_channel[0] = broadcast_channel[1] = 1;
+  }
+  const bool channels = !plan.channel_tags.empty();
   for (size_t base = 0; base < count; base += split * limit) {
     const size_t round = std::min(split * limit, count - base);
     Span share[2];  // each tree's part of the round
@@ -173,8 +185,10 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
     }
     size_t reduced[2];  // index of each tree's last reduction step (at its root, the result)
     for (int t = 0; t < 2; ++t) {
+      const size_t first = plan.steps.size();
       const Span in{Buf::Input, share[t].offset, share[t].count};
       reduce_up(trees[t], in, share[t], share[t], finalize, plan.steps);
+      for (size_t i = first; i < plan.steps.size(); ++i) plan.steps[i].channel = reduce_channel[t];
       reduced[t] = plan.steps.size() - 1;
     }
     // In place, the broadcast overwrites Input that went up by reference;
@@ -182,9 +196,9 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
     for (int t = 0; t < 2; ++t) {
       const size_t first = plan.steps.size();
       broadcast_down(trees[t], share[t], plan.steps);
-      if (!two_channels) continue;
+      if (!channels) continue;
       for (size_t i = first; i < plan.steps.size(); ++i) {
-        plan.steps[i].channel = 1;
+        plan.steps[i].channel = broadcast_channel[t];
         // A root's broadcast sends what its reduction wrote; elsewhere the
         // parent's message comes only after the reduction passed through.
         if (trees[t].parent < 0) plan.steps[i].after = {static_cast<uint32_t>(reduced[t])};

@@ -37,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -193,13 +194,12 @@ class RdmaConnection : public Connection {
     // Only while waiting, and still after a grace: a peer may finish its
     // part and exit while its last acknowledgement or message is in flight.
     const bool waiting = recv_waiting_ || done_seq_ != send_seq_;
-    if (!waiting) control_closed_seen_ = false;
+    if (!waiting) control_closed_at_.reset();
     if (broken_.empty() && waiting && now - last_control_check_ >= kControlInterval) {
       last_control_check_ = now;
-      if (!control_closed_seen_ && control_.peer_closed()) {
-        control_closed_seen_ = true;
+      if (!control_closed_at_ && control_.peer_closed()) {
         control_closed_at_ = now;
-      } else if (control_closed_seen_ && now - control_closed_at_ >= kControlGrace) {
+      } else if (control_closed_at_ && now - *control_closed_at_ >= kControlGrace) {
         fail("peer process is gone");
       }
     }
@@ -592,8 +592,8 @@ class RdmaConnection : public Connection {
   std::string broken_;
   bool out_of_step_ = false;
   std::chrono::steady_clock::time_point last_watch_{}, last_control_check_{};
-  bool control_closed_seen_ = false;  // while waiting, since control_closed_at_
-  std::chrono::steady_clock::time_point control_closed_at_{};
+  // When, while waiting, the control socket was first seen closed.
+  std::optional<std::chrono::steady_clock::time_point> control_closed_at_;
 };
 
 }  // namespace

@@ -268,19 +268,24 @@ void Communicator::connect(Store& store, const std::string& name) {
     return -1;
   };
   peers.abort_reason = [this] { return abort_reason(); };
-  peers.left_before = [this](int peer, uint64_t seq) {
+  // The kLeft notice `peer` sent, if any.
+  auto left_notice = [this](int peer) -> std::optional<std::string> {
     const auto notice = abort_notice(mesh_->socket(peer, kControlSocket));
-    if (!notice || notice->first != kLeft) return std::string();
-    if (seq < operations_taken(notice->second)) return std::string();
-    return left_words(notice->second);
+    if (!notice || notice->first != kLeft) return std::nullopt;
+    return notice->second;
+  };
+  peers.left_before = [left_notice](int peer, uint64_t seq) {
+    const auto notice = left_notice(peer);
+    if (!notice || seq < operations_taken(*notice)) return std::string();
+    return left_words(*notice);
   };
   executor_ = std::make_unique<Executor>(std::move(by_tag), std::move(peers));
   p2p_ = std::make_unique<P2pEngine>(
       rank_, raw(p2p_conns_), timeout_s(),
       [this](const std::string& error) { fail(error, kPeerFailed); },
-      [this](int peer) {
-        const auto notice = abort_notice(mesh_->socket(peer, kControlSocket));
-        return notice && notice->first == kLeft ? left_words(notice->second) : std::string();
+      [left_notice](int peer) {
+        const auto notice = left_notice(peer);
+        return notice ? left_words(*notice) : std::string();
       });
   cost_model_ = tuned_cost_model();
   if (forced_algorithm_ == Algorithm::Auto && config().tune != "off") {

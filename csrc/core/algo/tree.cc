@@ -174,7 +174,7 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
     plan.channel_tags = {0, 1};
     broadcast_channel[0] = broadcast_channel[1] = 1;
   }
-  const bool channels = !plan.channel_tags.empty();
+  const bool on_channels = !plan.channel_tags.empty();
   for (size_t base = 0; base < count; base += split * limit) {
     const size_t round = std::min(split * limit, count - base);
     Span share[2];  // each tree's part of the round
@@ -196,7 +196,7 @@ Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, 
     for (int t = 0; t < 2; ++t) {
       const size_t first = plan.steps.size();
       broadcast_down(trees[t], share[t], plan.steps);
-      if (!channels) continue;
+      if (!on_channels) continue;
       for (size_t i = first; i < plan.steps.size(); ++i) {
         plan.steps[i].channel = broadcast_channel[t];
         // A root's broadcast sends what its reduction wrote; elsewhere the

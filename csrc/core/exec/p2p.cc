@@ -16,8 +16,8 @@ namespace {
 
 constexpr uint32_t kMagic = 0x77667470;  // "wftp"
 // How often a waiting engine asks whether peers left the group (a syscall a
-// peer), and how long after it saw one leave it fails the requests naming it:
-// messages the peer sent before it left may still be on their way.
+// peer), and how long nothing must arrive from one that left before the
+// requests naming it fail: what it sent before it left may still be coming.
 constexpr auto kDepartureCheck = std::chrono::milliseconds(1);
 constexpr auto kLeftGrace = std::chrono::milliseconds(50);
 
@@ -32,7 +32,7 @@ P2pEngine::P2pEngine(int rank, std::vector<Connection*> connections, double time
       on_error_(std::move(on_error)),
       left_group_(std::move(left_group)),
       left_why_(conns_.size()),
-      left_since_(conns_.size()),
+      last_from_(conns_.size()),
       sends_(conns_.size()),
       arrivals_(conns_.size()),
       stash_(conns_.size()) {
@@ -187,54 +187,49 @@ void P2pEngine::fail_requests_of_departed() {
   const auto now = std::chrono::steady_clock::now();
   if (now - last_departure_check_ < kDepartureCheck) return;
   last_departure_check_ = now;
-  // The peers a request waits on (all of them for an any-source receive).
+  // Only the peers a request names are asked about.
   std::vector<bool> awaited(conns_.size(), false);
-  bool any_source = false;
   for (const auto& r : recvs_) {
-    if (r->peer < 0) {
-      any_source = true;
-    } else {
-      awaited[r->peer] = true;
-    }
+    if (r->peer >= 0) awaited[r->peer] = true;
   }
   for (size_t p = 0; p < sends_.size(); ++p) awaited[p] = awaited[p] || !sends_[p].empty();
-  int first_peer = -1;
   for (size_t p = 0; p < conns_.size(); ++p) {
-    if (conns_[p] == nullptr || !(awaited[p] || any_source) || !left_why_[p].empty()) continue;
+    if (conns_[p] == nullptr || !awaited[p] || !left_why_[p].empty()) continue;
     left_why_[p] = left_group_(static_cast<int>(p));
-    left_since_[p] = now;
+    if (!left_why_[p].empty()) last_from_[p] = now;
   }
-  auto gone = [&](size_t p) { return !left_why_[p].empty() && now - left_since_[p] >= kLeftGrace; };
-  bool everyone_left = true;
-  for (size_t p = 0; p < conns_.size(); ++p) {
-    if (conns_[p] == nullptr) continue;
-    if (first_peer < 0) first_peer = static_cast<int>(p);
-    everyone_left = everyone_left && gone(p);
-  }
-  auto lost = [&](const char* op, uint64_t seq, int peer, int departed, const std::string& what) {
+  auto gone = [&](int p) {
+    return !left_why_[p].empty() && !arrivals_[p].active && now - last_from_[p] >= kLeftGrace;
+  };
+  auto lost = [&](const char* op, uint64_t seq, int peer, const std::string& what) {
     return std::make_exception_ptr(PeerError(describe(op, seq, peer) + ": lost rank " +
-                                             std::to_string(departed) + ": " + left_why_[departed] +
-                                             "; " + what));
+                                             std::to_string(peer) + ": " + left_why_[peer] + "; " +
+                                             what));
   };
   for (auto it = recvs_.begin(); it != recvs_.end();) {
     const RecvRequest& r = **it;
-    const bool fails =
-        r.peer < 0 ? first_peer >= 0 && everyone_left : gone(r.peer) && !arrivals_[r.peer].active;
-    if (!fails) {
+    if (r.peer < 0 || !gone(r.peer)) {
       ++it;
       continue;
     }
-    finish(r.work, lost("recv", r.seq, r.peer, r.peer < 0 ? first_peer : r.peer,
-                        "no message with tag " + std::to_string(r.tag) + " came before"));
+    finish(r.work, lost("recv", r.seq, r.peer,
+                        "its message with tag " + std::to_string(r.tag) + " never came"));
     it = recvs_.erase(it);
   }
+  // A send under way may still be read from the caller's buffer (by
+  // reference): it stays, bounded by the timeout of messages that stop.
   for (size_t p = 0; p < sends_.size(); ++p) {
-    if (sends_[p].empty() || !gone(p)) continue;
-    for (SendRequest& request : sends_[p]) {
-      finish(request.work, lost("send", request.seq, static_cast<int>(p), static_cast<int>(p),
-                                "nobody will receive the message"));
+    if (!gone(static_cast<int>(p))) continue;
+    auto& queue = sends_[p];
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (it->header_sent) {
+        ++it;
+        continue;
+      }
+      finish(it->work,
+             lost("send", it->seq, static_cast<int>(p), "nobody will receive the message"));
+      it = queue.erase(it);
     }
-    sends_[p].clear();
   }
 }
 
@@ -384,8 +379,10 @@ void P2pEngine::loop() {
       for (size_t p = 0; p < conns_.size(); ++p) {
         if (conns_[p] == nullptr) continue;
         conns_[p]->progress();
-        moved |= progress_sends(static_cast<int>(p));
-        moved |= progress_arrival(static_cast<int>(p));
+        const bool sent = progress_sends(static_cast<int>(p));
+        const bool arrived = progress_arrival(static_cast<int>(p));
+        if (arrived && !left_why_[p].empty()) last_from_[p] = std::chrono::steady_clock::now();
+        moved = moved || sent || arrived;
       }
     } catch (const Error&) {
       error = std::current_exception();

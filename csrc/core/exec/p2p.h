@@ -13,8 +13,8 @@
 // writing) fails the engine after timeout_s, since the connection's stream is
 // then lost. A receive whose message never comes only waits: whoever waits
 // for it bounds the wait and then withdraws it (Work::request_cancel). One
-// from a rank that left the group (destroy_process_group) fails at once, and
-// so does a send to it: what it sent before it left has arrived by then.
+// from a rank that left the group (destroy_process_group) fails once nothing
+// has arrived from it for a grace, and so does a send to it not yet started.
 #pragma once
 
 #include <atomic>
@@ -111,8 +111,8 @@ class P2pEngine {
   bool in_flight() const;
   // Fails the requests whose Work asked to be cancelled and have not started.
   void withdraw_cancelled();
-  // Fails the receives from, and sends to, ranks that left the group a grace
-  // ago; any-source receives once every peer has left.
+  // Fails the receives from, and the sends not yet started to, ranks that
+  // left the group and sent nothing for a grace.
   void fail_requests_of_departed();
   std::string oldest_pending() const;
   std::string describe(const char* op, uint64_t seq, int peer) const;
@@ -126,10 +126,11 @@ class P2pEngine {
   std::atomic<double> timeout_s_;
   const std::function<void(const std::string&)> on_error_;
   const std::function<std::string(int)> left_group_;
-  // Per peer: why it left and since when (as this rank first saw it); empty
-  // while it has not. Looked at every kDepartureCheck at most.
+  // Per peer: why it left (empty while it has not; asked every
+  // kDepartureCheck at most), and when, since this rank saw it leave,
+  // something last arrived from it.
   std::vector<std::string> left_why_;
-  std::vector<std::chrono::steady_clock::time_point> left_since_;
+  std::vector<std::chrono::steady_clock::time_point> last_from_;
   std::chrono::steady_clock::time_point last_departure_check_{};
 
   std::mutex mu_;

@@ -299,11 +299,15 @@ class RdmaConnection : public Connection {
     try {
       post_all();
       Completion done[kPollBatch];
+      bool handled = false;
       for (int n; (n = endpoint_->poll(done, kPollBatch)) > 0;) {
+        handled = true;
         for (int i = 0; i < n; ++i) handle(done[i]);
         post_all();
       }
-      sleep_fd_ = endpoint_->sleep_fd();
+      // Arming the descriptor costs the provider work (fi_trywait): only a
+      // pump that found nothing does it, and a waiter sleeps only after one.
+      sleep_fd_ = handled ? -1 : endpoint_->sleep_fd();
     } catch (const PeerError& e) {
       fail(e.what());
     }

@@ -342,8 +342,11 @@ class OfiEndpoint : public RdmaEndpoint {
   // The tcp provider's completion queue can have a descriptor that its
   // sockets make readable, so that waiters sleep in the kernel instead of
   // polling (each poll is a syscall there, and with more ranks than cores
-  // the pollers take the CPU from the ranks with work). Other providers
-  // deliver through memory that no descriptor watches: they are polled.
+  // the pollers take the CPU from the ranks with work). Other providers are
+  // polled: shm delivers through memory that no descriptor watches, and a
+  // NIC's completion channel would cost an interrupt a wake-up, which is what
+  // polling spares (NCCL's net plugins poll too). Only the provider named
+  // exactly "tcp" sleeps; "tcp;ofi_rxm" and "sockets" are polled.
   void open_completion_queue() {
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;

@@ -225,8 +225,9 @@ def test_torch_abort_or_destroy_from_another_thread_then_a_new_group(transport, 
 
 def scenario_leave_between_operations(rank, size, store, ops, leaver, then):
     """torch: every rank runs ``ops`` all_reduces; ``leaver`` then calls destroy_process_group()
-    while holding the group, between operations; the others call one more all_reduce, or a
-    recv from the leaver (``then``)."""
+    while holding the group, between operations; the others call one more all_reduce, a recv
+    from the leaver, or two sends to it too large for the connection to take, and wait for the
+    second, which cannot start (``then``)."""
     from datetime import timedelta
 
     import torch
@@ -249,18 +250,23 @@ def scenario_leave_between_operations(rank, size, store, ops, leaver, then):
         return {"last_right": last_right}
     if then == "recv":
         info = outcome(lambda: dist.recv(tensor, src=leaver))
+    elif then == "send":
+        under_way = dist.isend(torch.ones(1 << 24), dst=leaver)
+        queued = dist.isend(torch.ones(1 << 24), dst=leaver)
+        info = outcome(queued.wait)
+        del under_way  # fails when the group is destroyed, below
     else:
         info = outcome(lambda: dist.all_reduce(tensor))
     dist.destroy_process_group()
     return {"last_right": last_right, **info}
 
 
-@pytest.mark.parametrize("then", ["all_reduce", "recv"])
+@pytest.mark.parametrize("then", ["all_reduce", "recv", "send"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_destroy_between_operations_fails_the_peers_next_one_at_once(transport, then):
     """The leaver's peers finish every operation it took part in and fail the next one (a
-    collective, or a receive from the leaver) within 2 s (not the group's 30 s timeout), naming
-    the rank that left and why."""
+    collective, a receive from the leaver, a send to it that has not started) within 2 s (not
+    the group's 30 s timeout), naming the rank that left and why."""
     env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
     ops, leaver = 20, 1
     with Ranks(scenario_leave_between_operations, 4, ops, leaver, then, env=env) as ranks:

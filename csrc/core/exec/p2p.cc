@@ -153,34 +153,52 @@ bool P2pEngine::in_flight() const {
   return false;
 }
 
+void P2pEngine::fail_unstarted(
+    const std::function<std::exception_ptr(const RecvRequest&)>& recv,
+    const std::function<std::exception_ptr(int, const SendRequest&)>& send) {
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    std::exception_ptr error = recv(**it);
+    if (!error) {
+      ++it;
+      continue;
+    }
+    finish((*it)->work, error);
+    it = recvs_.erase(it);
+  }
+  // A send under way may still be read from the caller's buffer (by
+  // reference): it stays, bounded by the timeout of messages that stop.
+  for (size_t p = 0; p < sends_.size(); ++p) {
+    auto& queue = sends_[p];
+    for (auto it = queue.begin(); it != queue.end();) {
+      std::exception_ptr error = it->header_sent ? nullptr : send(static_cast<int>(p), *it);
+      if (!error) {
+        ++it;
+        continue;
+      }
+      finish(it->work, error);
+      it = queue.erase(it);
+    }
+  }
+}
+
 void P2pEngine::withdraw_cancelled() {
   auto timed_out = [&](const char* op, uint64_t seq, int peer, const std::string& what) {
     return std::make_exception_ptr(
         TimeoutError(describe(op, seq, peer) + ": " + what +
                      " in time (the communicator's timeout, or the one given to wait); withdrawn"));
   };
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    const RecvRequest& r = **it;
-    if (!r.work->cancel_requested()) {
-      ++it;
-      continue;
-    }
-    finish(r.work, timed_out("recv", r.seq, r.peer,
-                             "no message with tag " + std::to_string(r.tag) + " arrived"));
-    it = recvs_.erase(it);
-  }
-  for (size_t p = 0; p < sends_.size(); ++p) {
-    auto& queue = sends_[p];
-    for (auto it = queue.begin(); it != queue.end();) {
-      if (it->header_sent || !it->work->cancel_requested()) {
-        ++it;
-        continue;
-      }
-      finish(it->work,
-             timed_out("send", it->seq, static_cast<int>(p), "the message could not be sent"));
-      it = queue.erase(it);
-    }
-  }
+  fail_unstarted(
+      [&](const RecvRequest& r) {
+        return r.work->cancel_requested()
+                   ? timed_out("recv", r.seq, r.peer,
+                               "no message with tag " + std::to_string(r.tag) + " arrived")
+                   : nullptr;
+      },
+      [&](int peer, const SendRequest& s) {
+        return s.work->cancel_requested()
+                   ? timed_out("send", s.seq, peer, "the message could not be sent")
+                   : nullptr;
+      });
 }
 
 void P2pEngine::fail_requests_of_departed() {
@@ -206,31 +224,16 @@ void P2pEngine::fail_requests_of_departed() {
                                              std::to_string(peer) + ": " + left_why_[peer] + "; " +
                                              what));
   };
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    const RecvRequest& r = **it;
-    if (r.peer < 0 || !gone(r.peer)) {
-      ++it;
-      continue;
-    }
-    finish(r.work, lost("recv", r.seq, r.peer,
-                        "its message with tag " + std::to_string(r.tag) + " never came"));
-    it = recvs_.erase(it);
-  }
-  // A send under way may still be read from the caller's buffer (by
-  // reference): it stays, bounded by the timeout of messages that stop.
-  for (size_t p = 0; p < sends_.size(); ++p) {
-    if (!gone(static_cast<int>(p))) continue;
-    auto& queue = sends_[p];
-    for (auto it = queue.begin(); it != queue.end();) {
-      if (it->header_sent) {
-        ++it;
-        continue;
-      }
-      finish(it->work,
-             lost("send", it->seq, static_cast<int>(p), "nobody will receive the message"));
-      it = queue.erase(it);
-    }
-  }
+  fail_unstarted(
+      [&](const RecvRequest& r) {
+        return r.peer >= 0 && gone(r.peer)
+                   ? lost("recv", r.seq, r.peer,
+                          "its message with tag " + std::to_string(r.tag) + " never came")
+                   : nullptr;
+      },
+      [&](int peer, const SendRequest& s) {
+        return gone(peer) ? lost("send", s.seq, peer, "nobody will receive the message") : nullptr;
+      });
 }
 
 // A posted receive may already have its message set aside.

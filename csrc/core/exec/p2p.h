@@ -109,6 +109,10 @@ class P2pEngine {
   bool pending() const;
   // A message is on its way in or out (not just a receive waiting).
   bool in_flight() const;
+  // Fails the receives and the sends not yet started for which `recv` or
+  // `send` gives an error (null: the request stays).
+  void fail_unstarted(const std::function<std::exception_ptr(const RecvRequest&)>& recv,
+                      const std::function<std::exception_ptr(int, const SendRequest&)>& send);
   // Fails the requests whose Work asked to be cancelled and have not started.
   void withdraw_cancelled();
   // Fails the receives from, and the sends not yet started to, ranks that

@@ -102,7 +102,7 @@ int waited_rank(const std::string& timeout_message) {
 // The kind and reason of `control`'s peer's abort notice, if it sent one.
 std::optional<std::pair<char, std::string>> abort_notice(const Socket& control) {
   char buf[kMostNoticeBytes];
-  const ssize_t n = ::recv(control.fd(), buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t n = control.peek(buf, sizeof(buf));
   if (n < 2) return std::nullopt;
   const char* end = static_cast<const char*>(std::memchr(buf, '\n', n));
   if (end == nullptr) return std::nullopt;
@@ -172,9 +172,17 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
 Communicator::~Communicator() = default;
 
 void Communicator::connect(Store& store, const std::string& name) {
-  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, 1 + channels_ + 1,
-                                 timeout_s(), cpu_placement::current_spread());
+  const int sockets_per_peer = 1 + channels_ + 1;
+  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, sockets_per_peer, timeout_s(),
+                                 cpu_placement::current_spread());
   const Config& cfg = config();
+  // Without keepalive a peer whose host went down (no reset, no error
+  // comes back) would be seen only at the timeout.
+  for (int p = 0; p < size_; ++p) {
+    for (int i = 0; p != rank_ && i < sockets_per_peer; ++i) {
+      mesh_->socket(p, i).keep_alive(cfg.host_timeout_s);
+    }
+  }
   collective_conns_.resize(channels_);
   for (auto& set : collective_conns_) set.resize(size_);
   p2p_conns_.resize(size_);
@@ -255,7 +263,8 @@ void Communicator::connect(Store& store, const std::string& name) {
   };
   // Control sockets carry nothing after setup but abort notices and are
   // never shut down on purpose, so one that closed without a notice means
-  // the peer's process is gone (one with a notice aborted, then maybe exited).
+  // the peer's process is gone or its host stopped answering (one with a
+  // notice aborted, then maybe exited).
   std::vector<std::vector<Connection*>> by_tag;
   for (const auto& set : collective_conns_) by_tag.push_back(raw(set));
   PeerStatus peers;
@@ -263,9 +272,11 @@ void Communicator::connect(Store& store, const std::string& name) {
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       const Socket& control = mesh_->socket(p, kControlSocket);
-      if (control.peer_closed() && !abort_notice(control)) return p;
+      if (control.peer_closed() && !abort_notice(control)) {
+        return PeerStatus::Departure{p, control.loss()};
+      }
     }
-    return -1;
+    return PeerStatus::Departure{};
   };
   peers.abort_reason = [this] { return abort_reason(); };
   // The kLeft notice `peer` sent, if any.

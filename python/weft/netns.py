@@ -88,6 +88,12 @@ class Hosts:
         _run("tc", "qdisc", "add", "dev", link, "root", *tbf)
         _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf)
 
+    def cut(self, host: int) -> None:
+        """Takes ``host``'s link down at the bridge: from then on its packets are dropped
+        without a reset or an ICMP error either way, as when a host loses power or its cable
+        is pulled. Its processes keep running, cut off."""
+        _run("ip", "link", "set", self._root_links[host], "down")
+
     def spawn(self, host: int, argv: list[str], env: dict[str, str] | None = None, **kwargs):
         """Starts ``argv`` on ``host`` with WEFT_HOST_ID set to that host."""
         full_env = dict(os.environ if env is None else env)

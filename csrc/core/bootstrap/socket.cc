@@ -7,7 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <sstream>
 
 #include "core/common/error.h"
 
@@ -34,12 +37,17 @@ Socket::~Socket() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Socket::Socket(Socket&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+Socket::Socket(Socket&& other) noexcept
+    : fd_(other.fd_), error_(other.error_), keep_alive_s_(other.keep_alive_s_) {
+  other.fd_ = -1;
+}
 
 Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = other.fd_;
+    error_ = other.error_;
+    keep_alive_s_ = other.keep_alive_s_;
     other.fd_ = -1;
   }
   return *this;
@@ -103,18 +111,69 @@ void Socket::set_nodelay() {
   }
 }
 
+void Socket::keep_alive(double seconds) {
+  // Probes start after half the time without traffic and repeat four times
+  // in the rest; TCP_USER_TIMEOUT makes the kernel give up at `seconds`
+  // whatever the probe count (and bounds unacknowledged sends too).
+  const int whole = std::max(1, static_cast<int>(seconds));
+  const int idle = std::max(1, whole / 2), interval = std::max(1, whole / 4), on = 1;
+  const unsigned user_timeout_ms = static_cast<unsigned>(seconds * 1000);
+  if (::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) < 0 ||
+      ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) < 0 ||
+      ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval)) < 0 ||
+      ::setsockopt(fd_, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms)) <
+          0) {
+    throw_system_error("setsockopt(SO_KEEPALIVE, TCP_USER_TIMEOUT)", errno);
+  }
+  keep_alive_s_ = seconds;
+}
+
+int Socket::pending_error() const {
+  if (error_ == 0 && fd_ >= 0) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) == 0) error_ = err;
+  }
+  return error_;
+}
+
 bool Socket::peer_closed() const {
   if (fd_ < 0) return true;
   pollfd p{fd_, static_cast<short>(POLLIN | POLLRDHUP), 0};
   int n = ::poll(&p, 1, 0);
   if (n <= 0) return false;  // nothing to report (or EINTR: ask again later)
+  if (p.revents & POLLERR) pending_error();
   if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return true;
   if (p.revents & POLLIN) {
     char byte;
-    ssize_t r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    ssize_t r = peek(&byte, 1);
     return r == 0 || (r < 0 && is_peer_gone(errno));
   }
   return false;
+}
+
+ssize_t Socket::peek(void* data, size_t bytes) const {
+  // A recv() returns the kernel's error once and clears it: read it first.
+  pending_error();
+  return ::recv(fd_, data, bytes, MSG_PEEK | MSG_DONTWAIT);
+}
+
+bool Socket::unanswered(int err) {
+  return err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH;
+}
+
+std::string Socket::loss(int err) const {
+  const int why = err != 0 ? err : pending_error();
+  if (!unanswered(why)) return "peer process is gone";
+  std::ostringstream words;
+  words << "its host stopped answering";
+  if (why == ETIMEDOUT && keep_alive_s_ > 0) {
+    words << ": nothing was acknowledged for " << keep_alive_s_ << " s (WEFT_HOST_TIMEOUT_S)";
+  } else {
+    words << " (" << std::strerror(why) << ")";
+  }
+  words << "; the host is down or the network to it is cut";
+  return words.str();
 }
 
 void Socket::shutdown() {

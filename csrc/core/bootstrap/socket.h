@@ -1,6 +1,8 @@
 // A move-only TCP socket with blocking helpers bounded by a Deadline.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <string>
 
@@ -29,14 +31,38 @@ class Socket {
 
   void set_nonblocking();
   void set_nodelay();
-  // True when the peer has closed or reset the connection (checks without
-  // consuming data; only meaningful on a socket that carries no payload).
+  // Turns TCP keepalive on: the kernel probes the connection while it is
+  // idle and gives it up (ETIMEDOUT) once nothing was acknowledged for
+  // `seconds`, sent data included. That happens when the peer's host is down
+  // or the network to it is cut; a stopped or busy process's kernel still
+  // answers.
+  void keep_alive(double seconds);
+  // True when the peer has closed or reset the connection, or the kernel
+  // gave it up (checks without consuming data; only meaningful on a socket
+  // that carries no payload).
   bool peer_closed() const;
+  // Reads up to `bytes` without consuming them and without blocking; as
+  // recv(MSG_PEEK) returns, keeping the socket's error for loss().
+  ssize_t peek(void* data, size_t bytes) const;
+  // Why the connection was lost, for an error: that the peer's host stopped
+  // answering when the kernel gave the connection up for want of
+  // acknowledgements (`err`, else the socket's own error), else that the
+  // peer's process is gone.
+  std::string loss(int err = 0) const;
+  // True for the errors of a connection the kernel gave up for want of
+  // acknowledgements (a keepalive or send timeout, no route to the host).
+  static bool unanswered(int err);
   // Wakes the peer with EOF; the descriptor stays open until destruction.
   void shutdown();
 
  private:
+  // The connection's error, read from the kernel once (reading it clears
+  // it there); 0 while there is none.
+  int pending_error() const;
+
   int fd_ = -1;
+  mutable int error_ = 0;
+  double keep_alive_s_ = 0;
 };
 
 }  // namespace weft

@@ -86,6 +86,11 @@ Config parse() {
                             {"ofi", TransportChoice::Ofi},
                             {"ibverbs", TransportChoice::Ibverbs}});
   c.timeout_s = env_double("WEFT_TIMEOUT_S", c.timeout_s);
+  c.host_timeout_s = env_double("WEFT_HOST_TIMEOUT_S", c.host_timeout_s);
+  if (!(c.host_timeout_s >= 1 && c.host_timeout_s <= 3600)) {
+    throw InvalidArgument("WEFT_HOST_TIMEOUT_S=" + std::to_string(c.host_timeout_s) +
+                          ": give 1 to 3600 seconds");
+  }
   if (const char* d = env("WEFT_DEBUG")) {
     std::string s(d);
     if (s == "INFO" || s == "info") {

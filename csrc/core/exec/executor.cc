@@ -285,17 +285,18 @@ class Run {
   }
 
   // A peer that closed its connection has often aborted because some other
-  // rank died. Control sockets close only when a process is gone, so look
+  // rank was lost. Control sockets close only when a process is gone or its
+  // host stopped answering, so look
   // there (briefly) for the rank that really went away and name it.
   [[noreturn]] void throw_lost_with_cause(int closed_peer, const std::string& why) {
     throw_if_aborted();
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
     while (std::chrono::steady_clock::now() < until) {
-      int gone = peers_.departed_peer();
-      if (gone == closed_peer) throw_lost(gone, why);
-      if (gone >= 0) {
-        throw_lost(gone, "its process is gone (rank " + std::to_string(closed_peer) +
-                             " closed its connection too)");
+      const PeerStatus::Departure gone = peers_.departed_peer();
+      if (gone.rank == closed_peer) throw_lost(gone.rank, why);
+      if (gone.rank >= 0) {
+        throw_lost(gone.rank, gone.why + " (rank " + std::to_string(closed_peer) +
+                                  " closed its connection too)");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }

@@ -43,9 +43,14 @@ struct OpContext {
 // What the communicator knows of its peers beyond the connections: asked
 // while a Plan waits or fails.
 struct PeerStatus {
-  // A rank whose process is gone, or -1: used to blame the right rank when a
-  // peer closes because another one died.
-  std::function<int()> departed_peer;
+  // A rank whose process is gone or whose host stopped answering, and which
+  // of the two in words; rank -1 when there is none. Used to blame the right
+  // rank when a peer closes because another one was lost.
+  struct Departure {
+    int rank = -1;
+    std::string why;
+  };
+  std::function<Departure()> departed_peer;
   // Why the communicator was aborted (empty while it is not): a wait checks
   // it, so that an abort from another thread ends it.
   std::function<std::string()> abort_reason;

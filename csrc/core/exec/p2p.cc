@@ -141,6 +141,21 @@ std::string P2pEngine::oldest_pending() const {
               : std::string("point-to-point");
 }
 
+std::string P2pEngine::lost_peer(int peer, const std::string& why) const {
+  const auto recv =
+      std::find_if(recvs_.begin(), recvs_.end(), [&](const auto& r) { return r->peer == peer; });
+  const SendRequest* send = sends_[peer].empty() ? nullptr : &sends_[peer].front();
+  std::string request;
+  if (send && (recv == recvs_.end() || send->seq < (*recv)->seq)) {
+    request = describe("send", send->seq, peer);
+  } else if (recv != recvs_.end()) {
+    request = describe("recv", (*recv)->seq, peer);
+  } else {
+    request = "point-to-point on rank " + std::to_string(rank_);
+  }
+  return request + ": lost rank " + std::to_string(peer) + ": " + why;
+}
+
 bool P2pEngine::pending() const { return !recvs_.empty() || in_flight(); }
 
 bool P2pEngine::in_flight() const {
@@ -381,9 +396,16 @@ void P2pEngine::loop() {
     try {
       for (size_t p = 0; p < conns_.size(); ++p) {
         if (conns_[p] == nullptr) continue;
-        conns_[p]->progress();
-        const bool sent = progress_sends(static_cast<int>(p));
-        const bool arrived = progress_arrival(static_cast<int>(p));
+        bool sent = false, arrived = false;
+        try {
+          conns_[p]->progress();
+          sent = progress_sends(static_cast<int>(p));
+          arrived = progress_arrival(static_cast<int>(p));
+        } catch (const OutOfStepError&) {
+          throw;
+        } catch (const PeerError& e) {
+          throw PeerError(lost_peer(static_cast<int>(p), e.what()));
+        }
         if (arrived && !left_why_[p].empty()) last_from_[p] = std::chrono::steady_clock::now();
         moved = moved || sent || arrived;
       }

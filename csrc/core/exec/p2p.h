@@ -119,6 +119,9 @@ class P2pEngine {
   // left the group and sent nothing for a grace.
   void fail_requests_of_departed();
   std::string oldest_pending() const;
+  // `why` the connection to `peer` failed, as an error naming the oldest
+  // request with that peer.
+  std::string lost_peer(int peer, const std::string& why) const;
   std::string describe(const char* op, uint64_t seq, int peer) const;
   // Works finish under mu_ but complete after it is released: their
   // callbacks may post sends and receives of their own.

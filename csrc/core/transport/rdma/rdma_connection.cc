@@ -200,7 +200,7 @@ class RdmaConnection : public Connection {
       if (!control_closed_at_ && control_.peer_closed()) {
         control_closed_at_ = now;
       } else if (control_closed_at_ && now - *control_closed_at_ >= kControlGrace) {
-        fail("peer process is gone");
+        fail(control_.loss());
       }
     }
     if (!broken_.empty()) {

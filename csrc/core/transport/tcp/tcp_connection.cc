@@ -64,7 +64,8 @@ constexpr size_t kQuickAckBytes = 64 << 10;
 // How often an idle connection asks the kernel whether the peer is gone.
 constexpr std::chrono::microseconds kWatchInterval{20};
 
-std::string socket_error(const char* op, int err) {
+std::string socket_error(const Socket& socket, const char* op, int err) {
+  if (Socket::unanswered(err)) return socket.loss(err);
   const bool gone = err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN;
   return std::string(gone ? "connection to peer closed (" : "connection to peer failed (") + op +
          ": " + std::strerror(err) + ")";
@@ -273,7 +274,7 @@ class TcpConnection : public Connection {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        return fail(socket_error("send", errno));
+        return fail(socket_error(socket_, "send", errno));
       }
       // Retire what was written, oldest first.
       for (size_t left = static_cast<size_t>(n); left > 0;) {
@@ -308,7 +309,7 @@ class TcpConnection : public Connection {
       return;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
-    fail(socket_error("recv", errno));
+    fail(socket_error(socket_, "recv", errno));
   }
 
   void fail(std::string why) {
@@ -380,7 +381,7 @@ class TcpConnection : public Connection {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        return fail(socket_error("recv", errno));
+        return fail(socket_error(socket_, "recv", errno));
       }
       size_t got = static_cast<size_t>(n);
       if (length_ >= kQuickAckBytes) quick_ack();

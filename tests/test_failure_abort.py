@@ -227,7 +227,8 @@ def scenario_leave_between_operations(rank, size, store, ops, leaver, then):
     """torch: every rank runs ``ops`` all_reduces; ``leaver`` then calls destroy_process_group()
     while holding the group, between operations; the others call one more all_reduce, a recv
     from the leaver, or two sends to it too large for the connection to take, and wait for the
-    second, which cannot start (``then``)."""
+    second, which cannot start (``then``). With ``then`` "recv_any" every rank but 0 leaves,
+    and rank 0 receives from any source."""
     from datetime import timedelta
 
     import torch
@@ -243,13 +244,15 @@ def scenario_leave_between_operations(rank, size, store, ops, leaver, then):
         tensor.fill_(rank + 1)
         dist.all_reduce(tensor)
     last_right = bool(torch.all(tensor == size * (size + 1) / 2))
-    if rank == leaver:
+    if rank == leaver or (then == "recv_any" and rank != 0):
         dist.destroy_process_group()
         time.sleep(3)  # the communicator is still there while the others fail
         del group
         return {"last_right": last_right}
     if then == "recv":
         info = outcome(lambda: dist.recv(tensor, src=leaver))
+    elif then == "recv_any":
+        info = outcome(lambda: dist.recv(tensor))
     elif then == "send":
         under_way = dist.isend(torch.ones(1 << 24), dst=leaver)
         queued = dist.isend(torch.ones(1 << 24), dst=leaver)
@@ -261,22 +264,27 @@ def scenario_leave_between_operations(rank, size, store, ops, leaver, then):
     return {"last_right": last_right, **info}
 
 
-@pytest.mark.parametrize("then", ["all_reduce", "recv", "send"])
+@pytest.mark.parametrize("then", ["all_reduce", "recv", "send", "recv_any"])
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_destroy_between_operations_fails_the_peers_next_one_at_once(transport, then):
     """The leaver's peers finish every operation it took part in and fail the next one (a
     collective, a receive from the leaver, a send to it that has not started) within 2 s (not
-    the group's 30 s timeout), naming the rank that left and why."""
+    the group's 30 s timeout), naming the rank that left and why; a receive from any source
+    fails so once every other rank left."""
     env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
     ops, leaver = 20, 1
     with Ranks(scenario_leave_between_operations, 4, ops, leaver, then, env=env) as ranks:
         results = ranks.results(timeout=120)
     for rank, r in enumerate(results):
         assert r["last_right"], f"rank {rank}: operation #{ops - 1} summed wrong"
-        if rank == leaver:
+        if rank == leaver or (then == "recv_any" and rank != 0):
             continue
         assert r["raised"], f"rank {rank}: the operation after the leave returned: {r}"
         assert r["elapsed"] < 2, f"rank {rank}: raised after {r['elapsed']:.1f} s: {r}"
         message = r["message"]
+        if then == "recv_any":
+            assert "from any rank: every other rank left the group" in message, message
+            assert "destroy_process_group" in message, message
+            continue
         assert f"lost rank {leaver}" in message or f"rank {leaver}:" in message, message
         assert "left the group" in message and "destroy_process_group" in message, message

@@ -86,7 +86,7 @@ void send_abort_notice(Socket& control, char kind, const std::string& reason) {
   std::string notice = kind + reason.substr(0, kMostNoticeBytes - 2) + "\n";
   for (char& c : notice) c = (c == '\n' && &c != &notice.back()) ? ' ' : c;
   // Best effort: a peer that is gone cannot be told.
-  (void)::send(control.fd(), notice.data(), notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)control.send_nowait(notice.data(), notice.size());
 }
 
 // The rank a timeout's message (the executor's: "... waiting to receive
@@ -172,16 +172,14 @@ Communicator::Communicator(Store& store, int rank, int size, const std::string& 
 Communicator::~Communicator() = default;
 
 void Communicator::connect(Store& store, const std::string& name) {
-  const int sockets_per_peer = 1 + channels_ + 1;
-  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, sockets_per_peer, timeout_s(),
-                                 cpu_placement::current_spread());
+  mesh_ = std::make_unique<Mesh>(store, "weft/" + name, rank_, size_, 1 + channels_ + 1,
+                                 timeout_s(), cpu_placement::current_spread());
   const Config& cfg = config();
-  // Without keepalive a peer whose host went down (no reset, no error
-  // comes back) would be seen only at the timeout.
+  // A peer whose host went down sends no reset and no error: without
+  // keepalive on the control socket (which every transport watches) it would
+  // be seen only at the timeout.
   for (int p = 0; p < size_; ++p) {
-    for (int i = 0; p != rank_ && i < sockets_per_peer; ++i) {
-      mesh_->socket(p, i).keep_alive(cfg.host_timeout_s);
-    }
+    if (p != rank_) mesh_->socket(p, kControlSocket).keep_alive(cfg.host_timeout_s);
   }
   collective_conns_.resize(channels_);
   for (auto& set : collective_conns_) set.resize(size_);
@@ -250,7 +248,7 @@ void Communicator::connect(Store& store, const std::string& name) {
                            : make_ofi_connection(control, rank_ < p, opts, timeout_s());
       } else {
         TcpOptions opts{tcp_slot_bytes_, tcp_slots_};
-        conn = make_tcp_connection(std::move(mesh_->socket(p, 1 + channel)), opts);
+        conn = make_tcp_connection(control, std::move(mesh_->socket(p, 1 + channel)), opts);
       }
       (channel < channels_ ? collective_conns_[channel] : p2p_conns_)[p] = std::move(conn);
     }
@@ -533,7 +531,8 @@ Plan Communicator::plan(Collective c, size_t count, DataType dtype, int root, bo
 
 PlanContext Communicator::plan_context(DataType dtype) const {
   return PlanContext{rank_,         size_, element_size(dtype), step_limit_bytes_,
-                     host_of_rank_, true,  shared_cpu_,         channels_};
+                     host_of_rank_, true,  shared_cpu_,         channels_,
+                     nullptr};
 }
 
 Plan Communicator::make_plan(const PlanKey& key, Algorithm a, DataType dtype, size_t max_step_bytes,

@@ -183,8 +183,9 @@ PlanContext plan_context(const PlanRequest& q) {
   if (q.elem_size == 0 || q.max_step_bytes == 0) {
     throw InvalidArgument("plan: elem_size and max_step_bytes must be positive");
   }
-  return PlanContext{q.rank,           q.size,           q.elem_size,  q.max_step_bytes,
-                     std::move(hosts), q.buffered_sends, q.shared_cpu, q.channels};
+  return PlanContext{q.rank,           q.size,           q.elem_size,
+                     q.max_step_bytes, std::move(hosts), q.buffered_sends,
+                     q.shared_cpu,     q.channels,       nullptr};
 }
 
 Plan build_plan(const PlanRequest& q, const PlanContext& ctx) {

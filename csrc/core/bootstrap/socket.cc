@@ -17,8 +17,6 @@
 namespace weft {
 namespace {
 
-bool is_peer_gone(int err) { return err == EPIPE || err == ECONNRESET || err == ENOTCONN; }
-
 // Waits until `fd` is ready for `events` or the deadline passes.
 void wait_ready(int fd, short events, const Deadline& deadline, const std::string& what) {
   for (;;) {
@@ -40,6 +38,8 @@ Socket::~Socket() {
 Socket::Socket(Socket&& other) noexcept
     : fd_(other.fd_), error_(other.error_), keep_alive_s_(other.keep_alive_s_) {
   other.fd_ = -1;
+  other.error_ = 0;
+  other.keep_alive_s_ = 0;
 }
 
 Socket& Socket::operator=(Socket&& other) noexcept {
@@ -49,6 +49,8 @@ Socket& Socket::operator=(Socket&& other) noexcept {
     error_ = other.error_;
     keep_alive_s_ = other.keep_alive_s_;
     other.fd_ = -1;
+    other.error_ = 0;
+    other.keep_alive_s_ = 0;
   }
   return *this;
 }
@@ -71,7 +73,8 @@ void Socket::send_all(const void* data, size_t bytes, const Deadline& deadline,
       wait_ready(fd_, POLLOUT, deadline, what);
       continue;
     }
-    if (is_peer_gone(err)) throw PeerError(what + ": peer closed the connection");
+    if (closed_by_peer(err)) throw PeerError(what + ": peer closed the connection");
+    if (unanswered(kept(err))) throw PeerError(what + ": " + loss(err));
     throw_system_error(what, err);
   }
 }
@@ -92,7 +95,8 @@ void Socket::recv_all(void* data, size_t bytes, const Deadline& deadline, const 
       wait_ready(fd_, POLLIN, deadline, what);
       continue;
     }
-    if (is_peer_gone(err)) throw PeerError(what + ": peer closed the connection");
+    if (closed_by_peer(err)) throw PeerError(what + ": peer closed the connection");
+    if (unanswered(kept(err))) throw PeerError(what + ": " + loss(err));
     throw_system_error(what, err);
   }
 }
@@ -112,11 +116,12 @@ void Socket::set_nodelay() {
 }
 
 void Socket::keep_alive(double seconds) {
-  // Probes start after half the time without traffic and repeat four times
-  // in the rest; TCP_USER_TIMEOUT makes the kernel give up at `seconds`
-  // whatever the probe count (and bounds unacknowledged sends too).
+  // Probes start after half the time without traffic and repeat every tenth
+  // of it (at least a second). With TCP_USER_TIMEOUT set the kernel ignores
+  // the probe count: at the first probe `seconds` after the last
+  // acknowledgement it gives up, so by `seconds` plus one interval.
   const int whole = std::max(1, static_cast<int>(seconds));
-  const int idle = std::max(1, whole / 2), interval = std::max(1, whole / 4), on = 1;
+  const int idle = std::max(1, whole / 2), interval = std::max(1, whole / 10), on = 1;
   const unsigned user_timeout_ms = static_cast<unsigned>(seconds * 1000);
   if (::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) < 0 ||
       ::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) < 0 ||
@@ -128,7 +133,7 @@ void Socket::keep_alive(double seconds) {
   keep_alive_s_ = seconds;
 }
 
-int Socket::pending_error() const {
+int Socket::connection_error() const {
   if (error_ == 0 && fd_ >= 0) {
     int err = 0;
     socklen_t len = sizeof(err);
@@ -142,20 +147,40 @@ bool Socket::peer_closed() const {
   pollfd p{fd_, static_cast<short>(POLLIN | POLLRDHUP), 0};
   int n = ::poll(&p, 1, 0);
   if (n <= 0) return false;  // nothing to report (or EINTR: ask again later)
-  if (p.revents & POLLERR) pending_error();
+  if (p.revents & POLLERR) connection_error();
   if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return true;
   if (p.revents & POLLIN) {
     char byte;
     ssize_t r = peek(&byte, 1);
-    return r == 0 || (r < 0 && is_peer_gone(errno));
+    return r == 0 || (r < 0 && closed_by_peer(errno));
   }
   return false;
 }
 
+bool Socket::gave_up() const { return peer_closed() && unanswered(connection_error()); }
+
+int Socket::kept(int err) const {
+  if (error_ == 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR) error_ = err;
+  return err;
+}
+
 ssize_t Socket::peek(void* data, size_t bytes) const {
   // A recv() returns the kernel's error once and clears it: read it first.
-  pending_error();
-  return ::recv(fd_, data, bytes, MSG_PEEK | MSG_DONTWAIT);
+  connection_error();
+  const ssize_t n = ::recv(fd_, data, bytes, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0) kept(errno);
+  return n;
+}
+
+ssize_t Socket::send_nowait(const void* data, size_t bytes) {
+  connection_error();
+  const ssize_t n = ::send(fd_, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0) kept(errno);
+  return n;
+}
+
+bool Socket::closed_by_peer(int err) {
+  return err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN;
 }
 
 bool Socket::unanswered(int err) {
@@ -163,7 +188,7 @@ bool Socket::unanswered(int err) {
 }
 
 std::string Socket::loss(int err) const {
-  const int why = err != 0 ? err : pending_error();
+  const int why = err != 0 ? err : connection_error();
   if (!unanswered(why)) return "peer process is gone";
   std::ostringstream words;
   words << "its host stopped answering";

@@ -31,24 +31,31 @@ class Socket {
 
   void set_nonblocking();
   void set_nodelay();
-  // Turns TCP keepalive on: the kernel probes the connection while it is
-  // idle and gives it up (ETIMEDOUT) once nothing was acknowledged for
-  // `seconds`, sent data included. That happens when the peer's host is down
-  // or the network to it is cut; a stopped or busy process's kernel still
-  // answers.
+  // Turns TCP keepalive on, for a socket that carries (almost) nothing: the
+  // kernel probes the idle connection and gives it up (ETIMEDOUT) once
+  // nothing was acknowledged for `seconds`, as when the peer's host is down
+  // or the network to it is cut; a stopped process's kernel still answers.
+  // Not for data sockets: TCP_USER_TIMEOUT also ends a connection whose
+  // receiver keeps its window closed that long.
   void keep_alive(double seconds);
   // True when the peer has closed or reset the connection, or the kernel
   // gave it up (checks without consuming data; only meaningful on a socket
   // that carries no payload).
   bool peer_closed() const;
-  // Reads up to `bytes` without consuming them and without blocking; as
-  // recv(MSG_PEEK) returns, keeping the socket's error for loss().
+  // True when the kernel gave the connection up for want of
+  // acknowledgements (see keep_alive).
+  bool gave_up() const;
+  // recv(MSG_PEEK) and send() that never block, keeping the socket's error
+  // for loss() (a call that fails returns it once and clears it).
   ssize_t peek(void* data, size_t bytes) const;
+  ssize_t send_nowait(const void* data, size_t bytes);
   // Why the connection was lost, for an error: that the peer's host stopped
   // answering when the kernel gave the connection up for want of
   // acknowledgements (`err`, else the socket's own error), else that the
   // peer's process is gone.
   std::string loss(int err = 0) const;
+  // True for the errors of a connection the peer closed or reset.
+  static bool closed_by_peer(int err);
   // True for the errors of a connection the kernel gave up for want of
   // acknowledgements (a keepalive or send timeout, no route to the host).
   static bool unanswered(int err);
@@ -57,8 +64,10 @@ class Socket {
 
  private:
   // The connection's error, read from the kernel once (reading it clears
-  // it there); 0 while there is none.
-  int pending_error() const;
+  // it there) and kept; 0 while there is none.
+  int connection_error() const;
+  // A failed call's errno, kept as the connection's error.
+  int kept(int err) const;
 
   int fd_ = -1;
   mutable int error_ = 0;

@@ -21,7 +21,7 @@ enum class NcclMode { Native, Plans };
 struct Config {
   TransportChoice transport = TransportChoice::Auto;  // WEFT_TRANSPORT=auto|tcp|shm|ofi|ibverbs
   double timeout_s = 300.0;                           // WEFT_TIMEOUT_S
-  double host_timeout_s = 10.0;                       // WEFT_HOST_TIMEOUT_S: unanswered TCP
+  double host_timeout_s = 30.0;                       // WEFT_HOST_TIMEOUT_S: unanswered TCP
   LogLevel log_level = LogLevel::Off;                 // WEFT_DEBUG=INFO|TRACE
   std::string host_id;                                // WEFT_HOST_ID (default: hostname + boot id)
   std::string socket_ifname;                          // WEFT_SOCKET_IFNAME

@@ -286,8 +286,8 @@ class Run {
 
   // A peer that closed its connection has often aborted because some other
   // rank was lost. Control sockets close only when a process is gone or its
-  // host stopped answering, so look
-  // there (briefly) for the rank that really went away and name it.
+  // host stopped answering, so look there (briefly) for the rank that really
+  // went away and name it.
   [[noreturn]] void throw_lost_with_cause(int closed_peer, const std::string& why) {
     throw_if_aborted();
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);

@@ -142,14 +142,19 @@ std::string P2pEngine::oldest_pending() const {
 }
 
 std::string P2pEngine::lost_peer(int peer, const std::string& why) const {
-  const auto recv =
-      std::find_if(recvs_.begin(), recvs_.end(), [&](const auto& r) { return r->peer == peer; });
+  // The receive under way from it, else its oldest request.
+  const RecvRequest* recv = arrivals_[peer].request.get();
+  if (recv == nullptr) {
+    const auto it = std::find_if(recvs_.begin(), recvs_.end(),
+                                 [&](const auto& r) { return r->peer == peer || r->peer < 0; });
+    if (it != recvs_.end()) recv = it->get();
+  }
   const SendRequest* send = sends_[peer].empty() ? nullptr : &sends_[peer].front();
   std::string request;
-  if (send && (recv == recvs_.end() || send->seq < (*recv)->seq)) {
+  if (send && (recv == nullptr || send->seq < recv->seq)) {
     request = describe("send", send->seq, peer);
-  } else if (recv != recvs_.end()) {
-    request = describe("recv", (*recv)->seq, peer);
+  } else if (recv != nullptr) {
+    request = describe("recv", recv->seq, recv->peer);
   } else {
     request = "point-to-point on rank " + std::to_string(rank_);
   }
@@ -220,31 +225,46 @@ void P2pEngine::fail_requests_of_departed() {
   const auto now = std::chrono::steady_clock::now();
   if (now - last_departure_check_ < kDepartureCheck) return;
   last_departure_check_ = now;
-  // Only the peers a request names are asked about.
+  // Only the peers a request names are asked about; for an any-source
+  // receive, every peer in turn up to the first still in the group.
   std::vector<bool> awaited(conns_.size(), false);
+  bool any_source = false;
   for (const auto& r : recvs_) {
     if (r->peer >= 0) awaited[r->peer] = true;
+    any_source = any_source || r->peer < 0;
   }
   for (size_t p = 0; p < sends_.size(); ++p) awaited[p] = awaited[p] || !sends_[p].empty();
+  bool asking_all = any_source;
   for (size_t p = 0; p < conns_.size(); ++p) {
-    if (conns_[p] == nullptr || !awaited[p] || !left_why_[p].empty()) continue;
+    if (conns_[p] == nullptr || !left_why_[p].empty() || !(awaited[p] || asking_all)) continue;
     left_why_[p] = left_group_(static_cast<int>(p));
-    if (!left_why_[p].empty()) last_from_[p] = now;
+    if (!left_why_[p].empty()) {
+      last_from_[p] = now;
+    } else {
+      asking_all = false;
+    }
   }
   auto gone = [&](int p) {
     return !left_why_[p].empty() && !arrivals_[p].active && now - last_from_[p] >= kLeftGrace;
   };
+  bool all_gone = any_source;
+  for (size_t p = 0; all_gone && p < conns_.size(); ++p) {
+    all_gone = conns_[p] == nullptr || gone(static_cast<int>(p));
+  }
   auto lost = [&](const char* op, uint64_t seq, int peer, const std::string& what) {
     return std::make_exception_ptr(PeerError(describe(op, seq, peer) + ": lost rank " +
                                              std::to_string(peer) + ": " + left_why_[peer] + "; " +
                                              what));
   };
   fail_unstarted(
-      [&](const RecvRequest& r) {
-        return r.peer >= 0 && gone(r.peer)
-                   ? lost("recv", r.seq, r.peer,
-                          "its message with tag " + std::to_string(r.tag) + " never came")
-                   : nullptr;
+      [&](const RecvRequest& r) -> std::exception_ptr {
+        const std::string never = "its message with tag " + std::to_string(r.tag) + " never came";
+        if (r.peer >= 0) return gone(r.peer) ? lost("recv", r.seq, r.peer, never) : nullptr;
+        if (!all_gone) return nullptr;
+        const int first = rank_ == 0 ? 1 : 0;
+        return std::make_exception_ptr(
+            PeerError(describe("recv", r.seq, -1) + ": every other rank left the group (rank " +
+                      std::to_string(first) + ": " + left_why_[first] + "); " + never));
       },
       [&](int peer, const SendRequest& s) {
         return gone(peer) ? lost("send", s.seq, peer, "nobody will receive the message") : nullptr;

@@ -116,7 +116,8 @@ class P2pEngine {
   // Fails the requests whose Work asked to be cancelled and have not started.
   void withdraw_cancelled();
   // Fails the receives from, and the sends not yet started to, ranks that
-  // left the group and sent nothing for a grace.
+  // left the group and sent nothing for a grace; and the any-source receives
+  // once every other rank did.
   void fail_requests_of_departed();
   std::string oldest_pending() const;
   // `why` the connection to `peer` failed, as an error naming the oldest

@@ -63,18 +63,21 @@ constexpr size_t kHeaderBytes = sizeof(Header);
 constexpr size_t kQuickAckBytes = 64 << 10;
 // How often an idle connection asks the kernel whether the peer is gone.
 constexpr std::chrono::microseconds kWatchInterval{20};
+// How often a connection asks whether its control socket was given up.
+constexpr std::chrono::milliseconds kHostWatchInterval{1};
 
 std::string socket_error(const Socket& socket, const char* op, int err) {
   if (Socket::unanswered(err)) return socket.loss(err);
-  const bool gone = err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ESHUTDOWN;
-  return std::string(gone ? "connection to peer closed (" : "connection to peer failed (") + op +
-         ": " + std::strerror(err) + ")";
+  return std::string(Socket::closed_by_peer(err) ? "connection to peer closed ("
+                                                 : "connection to peer failed (") +
+         op + ": " + std::strerror(err) + ")";
 }
 
 class TcpConnection : public Connection {
  public:
-  TcpConnection(Socket socket, const TcpOptions& options)
-      : socket_(std::move(socket)),
+  TcpConnection(const Socket& control, Socket socket, const TcpOptions& options)
+      : control_(control),
+        socket_(std::move(socket)),
         slot_bytes_(options.slot_bytes),
         slots_(checked_slots(options)),
         send_bufs_(slots_),
@@ -188,6 +191,7 @@ class TcpConnection : public Connection {
     } else if (queued_ == 0) {
       watch_peer();
     }
+    watch_host();
     if (!broken_.empty()) {
       if (out_of_step_) throw OutOfStepError(broken_);
       throw PeerError(broken_);
@@ -312,6 +316,16 @@ class TcpConnection : public Connection {
     fail(socket_error(socket_, "recv", errno));
   }
 
+  // The data socket has no keepalive (a receiver may keep its window shut
+  // for as long as it likes); the control socket's tells a host that went
+  // down, which sends no reset, from a peer that is slow.
+  void watch_host() {
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_host_watch_ < kHostWatchInterval) return;
+    last_host_watch_ = now;
+    if (control_.gave_up()) fail(control_.loss());
+  }
+
   void fail(std::string why) {
     if (broken_.empty()) broken_ = std::move(why);
   }
@@ -395,6 +409,7 @@ class TcpConnection : public Connection {
     }
   }
 
+  const Socket& control_;
   Socket socket_;
   size_t slot_bytes_;
   int slots_;
@@ -418,13 +433,14 @@ class TcpConnection : public Connection {
 
   std::string broken_;        // why the socket failed; empty while it works
   bool out_of_step_ = false;  // broken_ says the peer runs another operation
-  std::chrono::steady_clock::time_point last_watch_{};
+  std::chrono::steady_clock::time_point last_watch_{}, last_host_watch_{};
 };
 
 }  // namespace
 
-std::unique_ptr<Connection> make_tcp_connection(Socket socket, const TcpOptions& options) {
-  return std::make_unique<TcpConnection>(std::move(socket), options);
+std::unique_ptr<Connection> make_tcp_connection(const Socket& control, Socket socket,
+                                                const TcpOptions& options) {
+  return std::make_unique<TcpConnection>(control, std::move(socket), options);
 }
 
 }  // namespace weft

@@ -13,6 +13,9 @@ struct TcpOptions {
 };
 
 // A Connection over one connected TCP socket (switched to non-blocking).
-std::unique_ptr<Connection> make_tcp_connection(Socket socket, const TcpOptions& options);
+// `control` is the pair's control socket (the Mesh's, which outlives the
+// connection), watched for a host that stopped answering.
+std::unique_ptr<Connection> make_tcp_connection(const Socket& control, Socket socket,
+                                                const TcpOptions& options);
 
 }  // namespace weft

@@ -27,11 +27,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/common/deadline.h"
 #include "core/common/error.h"
+#include "core/common/log.h"
 #include "core/transport/rdma/ofi/libfabric.h"
 
 namespace weft {
@@ -352,13 +354,25 @@ class OfiEndpoint : public RdmaEndpoint {
     cq_attr.format = FI_CQ_FORMAT_DATA;
     cq_attr.wait_obj = provider_ == "tcp" ? FI_WAIT_FD : FI_WAIT_NONE;
     if (cq_attr.wait_obj == FI_WAIT_FD && fi_cq_open(domain_, &cq_attr, &cq_, nullptr) == 0) {
-      if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) == 0 && wait_fd_ >= 0) return;
+      if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) == 0 && wait_fd_ >= 0) {
+        log_completion_mode("waited on by its descriptor");
+        return;
+      }
       close_fid(&cq_->fid);
       cq_ = nullptr;
       wait_fd_ = -1;
     }
     cq_attr.wait_obj = FI_WAIT_NONE;
     check("fi_cq_open", fi_cq_open(domain_, &cq_attr, &cq_, nullptr));
+    log_completion_mode("polled");
+  }
+
+  // Once per process, at INFO: how waiters wait on this provider.
+  void log_completion_mode(const char* mode) const {
+    static std::once_flag logged;
+    std::call_once(logged, [&] {
+      WEFT_LOG(Info, -1, "ofi: provider '" << provider_ << "': completion queue " << mode);
+    });
   }
 
   void post_receive() {

@@ -36,9 +36,8 @@ Socket::~Socket() {
 }
 
 Socket::Socket(Socket&& other) noexcept
-    : fd_(other.fd_), error_(other.error_), keep_alive_s_(other.keep_alive_s_) {
+    : fd_(other.fd_), error_(other.error_.exchange(0)), keep_alive_s_(other.keep_alive_s_) {
   other.fd_ = -1;
-  other.error_ = 0;
   other.keep_alive_s_ = 0;
 }
 
@@ -46,10 +45,9 @@ Socket& Socket::operator=(Socket&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = other.fd_;
-    error_ = other.error_;
+    error_ = other.error_.exchange(0);
     keep_alive_s_ = other.keep_alive_s_;
     other.fd_ = -1;
-    other.error_ = 0;
     other.keep_alive_s_ = 0;
   }
   return *this;
@@ -134,12 +132,12 @@ void Socket::keep_alive(double seconds) {
 }
 
 int Socket::connection_error() const {
-  if (error_ == 0 && fd_ >= 0) {
+  if (error_.load() == 0 && fd_ >= 0) {
     int err = 0;
     socklen_t len = sizeof(err);
-    if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) == 0) error_ = err;
+    if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) kept(err);
   }
-  return error_;
+  return error_.load();
 }
 
 bool Socket::peer_closed() const {
@@ -160,7 +158,10 @@ bool Socket::peer_closed() const {
 bool Socket::gave_up() const { return peer_closed() && unanswered(connection_error()); }
 
 int Socket::kept(int err) const {
-  if (error_ == 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR) error_ = err;
+  int none = 0;
+  if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+    error_.compare_exchange_strong(none, err);
+  }
   return err;
 }
 

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <string>
 
@@ -70,7 +71,8 @@ class Socket {
   int kept(int err) const;
 
   int fd_ = -1;
-  mutable int error_ = 0;
+  // Atomic: the connections of several threads watch one control socket.
+  mutable std::atomic<int> error_{0};
   double keep_alive_s_ = 0;
 };
 

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/common/config.h"
@@ -35,6 +36,8 @@ constexpr uint64_t kReceiveId = ~uint64_t{0};  // never a write's id
 constexpr uint64_t kGoodbyeId = kReceiveId - 1;
 // How long close() waits for its goodbye to land.
 constexpr std::chrono::milliseconds kGoodbyeWait{100};
+// How long a flushed completion waits for the async event that explains it.
+constexpr std::chrono::milliseconds kFlushExplanationWait{100};
 constexpr int kPollBatch = 16;
 
 // What each side sends the other, once.
@@ -349,10 +352,24 @@ class IbEndpoint : public RdmaEndpoint {
   }
 
   [[noreturn]] void completion_error(const ibv_wc& c) {
+    if (c.status == IBV_WC_WR_FLUSH_ERR) explain_flush();
     const char* what = c.wr_id == kReceiveId ? "a receive for the peer's writes" : "a write";
     throw PeerError(name() + ": " + what + " failed: " + libibverbs().wc_status_str(c.status) +
                     " (status " + std::to_string(c.status) + ", vendor error " +
                     std::to_string(c.vendor_err) + ", QP " + std::to_string(c.qp_num) + ")");
+  }
+
+  // A flushed work request only says that its QP went to the error state;
+  // why (a fatal device or QP event) comes on the async-event thread, which
+  // may see it a moment after this thread polled the flush. Wait for it
+  // briefly and name it.
+  void explain_flush() {
+    const auto until = std::chrono::steady_clock::now() + kFlushExplanationWait;
+    while (std::chrono::steady_clock::now() < until) {
+      const std::string why = device_->faults().failure(objects_);
+      if (!why.empty()) throw PeerError(why);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   // What the async-event thread found, for this endpoint: checked only when

@@ -63,8 +63,9 @@ constexpr size_t kHeaderBytes = sizeof(Header);
 constexpr size_t kQuickAckBytes = 64 << 10;
 // How often an idle connection asks the kernel whether the peer is gone.
 constexpr std::chrono::microseconds kWatchInterval{20};
-// How often a connection asks whether its control socket was given up.
-constexpr std::chrono::milliseconds kHostWatchInterval{1};
+// How often a connection asks whether its control socket was given up: a
+// host loss takes WEFT_HOST_TIMEOUT_S (at least a second) to show anyway.
+constexpr std::chrono::milliseconds kHostWatchInterval{100};
 
 std::string socket_error(const Socket& socket, const char* op, int err) {
   if (Socket::unanswered(err)) return socket.loss(err);

@@ -684,7 +684,7 @@ std::string Communicator::blame_chain(int peer) const {
   std::string why = e.what();
   char kind = kPeerFailed;
   for (int p = 0; p < size_ && mesh_; ++p) {
-    if (p == rank_ || why.find("lost rank " + std::to_string(p) + ":") == std::string::npos) {
+    if (p == rank_ || why.find(lost_rank(p, "")) == std::string::npos) {
       continue;
     }
     const auto notice = abort_notice(mesh_->socket(p, kControlSocket));

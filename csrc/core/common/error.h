@@ -44,6 +44,10 @@ class AbortedError : public Error {
   using Error::Error;
 };
 
+// "lost rank N: why": how every error that blames a rank names it, so that
+// the communicator can find in a message which rank it blames.
+std::string lost_rank(int peer, const std::string& why);
+
 // Throws a PeerError built from errno of a failed system call.
 [[noreturn]] void throw_system_error(const std::string& what, int err);
 

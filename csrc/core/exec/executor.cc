@@ -280,7 +280,7 @@ class Run {
   [[noreturn]] void throw_lost(int peer, const std::string& why) const {
     std::ostringstream msg;
     msg << op_.name << " #" << op_.seq << " (" << plan_.algorithm << ") on rank " << op_.rank
-        << ": lost rank " << peer << ": " << why;
+        << ": " << lost_rank(peer, why);
     throw PeerError(msg.str());
   }
 

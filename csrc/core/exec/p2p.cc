@@ -158,7 +158,7 @@ std::string P2pEngine::lost_peer(int peer, const std::string& why) const {
   } else {
     request = "point-to-point on rank " + std::to_string(rank_);
   }
-  return request + ": lost rank " + std::to_string(peer) + ": " + why;
+  return request + ": " + lost_rank(peer, why);
 }
 
 bool P2pEngine::pending() const { return !recvs_.empty() || in_flight(); }
@@ -252,9 +252,8 @@ void P2pEngine::fail_requests_of_departed() {
     all_gone = conns_[p] == nullptr || gone(static_cast<int>(p));
   }
   auto lost = [&](const char* op, uint64_t seq, int peer, const std::string& what) {
-    return std::make_exception_ptr(PeerError(describe(op, seq, peer) + ": lost rank " +
-                                             std::to_string(peer) + ": " + left_why_[peer] + "; " +
-                                             what));
+    return std::make_exception_ptr(
+        PeerError(describe(op, seq, peer) + ": " + lost_rank(peer, left_why_[peer] + "; " + what)));
   };
   fail_unstarted(
       [&](const RecvRequest& r) -> std::exception_ptr {

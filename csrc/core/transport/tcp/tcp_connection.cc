@@ -187,12 +187,13 @@ class TcpConnection : public Connection {
   // only stop succeeding.
   void progress() override {
     push();
+    const auto now = std::chrono::steady_clock::now();
     if (target_ == Target::Slot) {
       pull();
     } else if (queued_ == 0) {
-      watch_peer();
+      watch_peer(now);
     }
-    watch_host();
+    watch_host(now);
     if (!broken_.empty()) {
       if (out_of_step_) throw OutOfStepError(broken_);
       throw PeerError(broken_);
@@ -302,8 +303,7 @@ class TcpConnection : public Connection {
   // ours unread (its kernel answered with a reset) or when we wait for a
   // message it can no longer send; a peer that finished cleanly is not, while
   // we wait on other connections of the same operation.
-  void watch_peer() {
-    auto now = std::chrono::steady_clock::now();
+  void watch_peer(std::chrono::steady_clock::time_point now) {
     if (now - last_watch_ < kWatchInterval) return;
     last_watch_ = now;
     char byte;
@@ -320,8 +320,7 @@ class TcpConnection : public Connection {
   // The data socket has no keepalive (a receiver may keep its window shut
   // for as long as it likes); the control socket's tells a host that went
   // down, which sends no reset, from a peer that is slow.
-  void watch_host() {
-    auto now = std::chrono::steady_clock::now();
+  void watch_host(std::chrono::steady_clock::time_point now) {
     if (now - last_host_watch_ < kHostWatchInterval) return;
     last_host_watch_ = now;
     if (control_.gave_up()) fail(control_.loss());

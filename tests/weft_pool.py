@@ -1,9 +1,9 @@
 """A pool of long-lived rank processes that run test cases on a shared Communicator.
 
-Spawning a world of processes costs seconds (each imports torch), so the tests keep one pool
-per (world size, transport) for the whole session and send it *cases*: module-level functions
-``fn(ctx, *args)`` that every rank runs; their return values come back to the parent in rank
-order.
+Starting a world costs time (each rank makes a Communicator, which connects and probes its
+links), so the tests keep one pool per (world size, transport) for the whole session and send it
+*cases*: module-level functions ``fn(ctx, *args)`` that every rank runs; their return values come
+back to the parent in rank order.
 
 Every wait in the parent is bounded. A rank that raises, dies or hangs fails the call with a
 report naming each rank's state (and the last case it announced with ``ctx.note``), and the
@@ -217,6 +217,14 @@ def _shorten(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more chars)"
 
 
+# Ranks are forked from a server process that has imported weft (and with it torch) once, so a
+# rank starts in a fraction of a second instead of the seconds a fresh interpreter takes to import
+# torch, and exits without tearing torch down. weft reads its WEFT_* variables when the first
+# communicator is made, which is after _worker_main has set them.
+_PROCESSES = mp.get_context("forkserver")
+_PROCESSES.set_forkserver_preload(["numpy", "torch", "weft", "weft.local", "weft_pool"])
+
+
 class Pool:
     """``size`` rank processes, each with one weft.Communicator over one TCPStore."""
 
@@ -224,15 +232,14 @@ class Pool:
         self.size = size
         self.transport = transport
         self.closed = False
-        ctx = mp.get_context("spawn")
         port = weft.local.free_port()
         self._conns = []
         self._notes = []
         self._procs = []
         for rank in range(size):
-            parent_end, child_end = ctx.Pipe()
-            note = ctx.RawArray("c", 512)
-            proc = ctx.Process(
+            parent_end, child_end = _PROCESSES.Pipe()
+            note = _PROCESSES.RawArray("c", 512)
+            proc = _PROCESSES.Process(
                 target=_worker_main,
                 args=(rank, size, port, transport_env(transport, rank), child_end, note),
                 name=f"weft-pool-{transport}-{size}-r{rank}",

@@ -109,7 +109,9 @@ def write_md(report: dict, path: Path) -> None:
         f"{report['date']}, `{report['command']}` (bench/tcp_patterns.py says how), load average "
         f"{report['load_average']:.1f} on {os.cpu_count()} cores at the start. Rate: bytes each "
         "rank sends per second (slowest rank, median over rounds); of probe: that rate times the "
-        "probe's tcp beta (1.0 = what the cost model predicts with).",
+        "probe's tcp beta (1.0 = the rate the cost model predicts with). Below 1 MiB the time "
+        "includes each message's latency, which the rate does not subtract: there a ratio under 1 "
+        "says nothing about beta.",
     ]
     for case in report["cases"]:
         lines += [

@@ -220,7 +220,9 @@ def _shorten(text: str, limit: int = 4000) -> str:
 # Ranks are forked from a server process that has imported weft (and with it torch) once, so a
 # rank starts in a fraction of a second instead of the seconds a fresh interpreter takes to import
 # torch, and exits without tearing torch down. weft reads its WEFT_* variables when the first
-# communicator is made, which is after _worker_main has set them.
+# communicator is made, which is after _worker_main has set them. The server keeps the environment
+# of the moment the first pool started: a rank gets its variables through transport_env, never
+# from a change to os.environ in the test process.
 _PROCESSES = mp.get_context("forkserver")
 _PROCESSES.set_forkserver_preload(["numpy", "torch", "weft", "weft.local", "weft_pool"])
 

@@ -6,11 +6,13 @@ with errors that name where they are. No processes: the checker runs the Plans s
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from weft import topo
 from weft.topo import Span, Step
 from weft.topo.builtin import TUNED, host_layout, world_of
+from weft.topo.check import MODELLED_ELEMENTS
 
 WORLDS = range(1, 34)
 IN_PLACE = ("allreduce", "reduce", "allgather", "reduce_scatter")
@@ -433,6 +435,20 @@ def test_a_larger_buffer_is_checked_as_the_executor_cuts_it():
     assert topo.check(algo, slots=2, slot_bytes=16, scale=2).ok  # 4 messages of 2 x 2 x 4 bytes
     (error,) = topo.check(algo, slots=2, slot_bytes=16, scale=3).errors  # 3 messages each
     assert error.text.startswith("deadlock: rank 0 channel 0 step 0 waits for room to send")
+
+
+def test_an_algorithm_too_long_to_label_is_refused_at_once():
+    """The checker labels every element; past its bound it says how to write the algorithm
+    instead of filling the memory (a 4-rank allreduce of 2^18 elements: 2^21 labels, the bound,
+    which takes about 10 s; one more element is over it)."""
+    at_bound = topo.builtin("allreduce", "ring", 4, count=1 << 18)
+    over = topo.builtin("allreduce", "ring", 4, count=(1 << 18) + 1)
+    started = time.monotonic()
+    (error,) = topo.check(over).errors
+    assert time.monotonic() - started < 1
+    assert "labels every element" in error.text and "a chunk per element" in error.text
+    assert f"{2 * 4 * over.count} here, and takes at most {MODELLED_ELEMENTS}" in error.text
+    assert MODELLED_ELEMENTS == 2 * 4 * at_bound.count
 
 
 def test_a_file_with_keys_the_checker_does_not_know_is_refused(tmp_path):

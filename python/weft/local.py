@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import random
 import socket
+import time
 import traceback
 
 # Where free_port() looks first: below the kernel's ephemeral range.
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 LOWEST_PORT = 10000
+# How often spawn looks for results and for ranks that died.
+POLL_S = 0.2
+DONE_KEY = "weft.local.done"
 
 
 def free_port() -> int:
@@ -57,14 +62,20 @@ def _child(fn, rank, size, port, env, args, results):
         results.put((rank, True, fn(rank, size, store, *args)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, traceback.format_exc()))
+        return  # the parent stops every rank
+    # Rank 0's process serves the store: it stays until every rank is done with it.
+    store.add(DONE_KEY, 1)
+    while rank == 0 and store.add(DONE_KEY, 0) < size:
+        time.sleep(0.01)
 
 
 def spawn(fn, size: int, *args, env: dict | None = None, timeout: float = 600.0) -> list:
     """Runs ``fn(rank, size, store, *args)`` on ``size`` processes.
 
-    ``fn`` must be importable (a module-level function). Raises RuntimeError
-    with the failing rank's traceback if any rank fails, and kills every rank
-    that is still running after ``timeout`` seconds.
+    ``fn`` must be importable (a module-level function). Raises RuntimeError with the failing
+    rank's traceback if any rank fails, or naming a rank whose process died before it returned;
+    TimeoutError, after killing every rank still running, when the results take longer than
+    ``timeout`` seconds.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -75,22 +86,45 @@ def spawn(fn, size: int, *args, env: dict | None = None, timeout: float = 600.0)
     ]
     for p in procs:
         p.start()
-    collected: dict[int, object] = {}
-    failures = []
+    finished = False
     try:
-        for _ in range(size):
-            rank, ok, value = results.get(timeout=timeout)
-            if ok:
-                collected[rank] = value
-            else:
-                failures.append(f"rank {rank} failed:\n{value}")
-                break
+        collected = _collect(procs, results, timeout)
+        finished = True
     finally:
         for p in procs:
-            p.join(timeout=0 if failures else 10)
+            p.join(timeout=10 if finished else 0)
             if p.is_alive():
                 p.kill()
                 p.join()
-    if failures:
-        raise RuntimeError("\n".join(failures))
     return [collected[r] for r in range(size)]
+
+
+def _collect(procs: list, results, timeout: float) -> dict[int, object]:
+    """Every rank's result, by rank; raises as soon as one fails or dies without one."""
+    deadline = time.monotonic() + timeout
+    collected: dict[int, object] = {}
+    suspects: set[int] = set()  # exited without a result at the last look
+    while len(collected) < len(procs):
+        try:
+            rank, ok, value = results.get(timeout=POLL_S)
+        except queue.Empty:
+            # A rank that exited after putting its result has it in the pipe: one more look
+            # before calling it dead.
+            gone = {r for r, p in enumerate(procs) if r not in collected and p.exitcode is not None}
+            if gone & suspects:
+                r = min(gone & suspects)
+                raise RuntimeError(
+                    f"rank {r} exited with code {procs[r].exitcode} before it returned a result "
+                    "(a negative code is the signal that ended it)"
+                ) from None
+            suspects = gone
+            if time.monotonic() > deadline:
+                missing = [r for r in range(len(procs)) if r not in collected]
+                raise TimeoutError(
+                    f"ranks {missing} returned no result within {timeout:g} s; they were killed"
+                ) from None
+            continue
+        if not ok:
+            raise RuntimeError(f"rank {rank} failed:\n{value}")
+        collected[rank] = value
+    return collected

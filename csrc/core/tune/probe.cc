@@ -36,6 +36,17 @@ int partner_in(int round, int rank, int size) {
   return (other + round) % size;
 }
 
+// An allreduce of `count` doubles in one round (with Max, every rank's
+// largest values on every rank).
+Plan max_of_doubles(int rank, int size, size_t count) {
+  PlanContext ctx{};
+  ctx.rank = rank;
+  ctx.size = size;
+  ctx.elem_size = sizeof(double);
+  ctx.max_step_bytes = SIZE_MAX / 2;
+  return algo::oneshot_allreduce(ctx, count, false, false);
+}
+
 // Seconds per byte of output of a float32 sum that stays in cache.
 double reduce_cost() {
   const size_t count = 64 * 1024;
@@ -55,13 +66,8 @@ double reduce_cost() {
 std::vector<double> max_over_ranks(const RunPlan& run, int rank, int size,
                                    const std::vector<double>& values) {
   std::vector<double> agreed(values.size(), 0.0);
-  PlanContext ctx{};
-  ctx.rank = rank;
-  ctx.size = size;
-  ctx.elem_size = sizeof(double);
-  ctx.max_step_bytes = SIZE_MAX / 2;
-  run(algo::oneshot_allreduce(ctx, values.size(), false, false), values.data(), agreed.data(),
-      DataType::Float64, ReduceOp::Max);
+  run(max_of_doubles(rank, size, values.size()), values.data(), agreed.data(), DataType::Float64,
+      ReduceOp::Max);
   return agreed;
 }
 
@@ -75,6 +81,12 @@ CostModel probe_cost_model(const RunPlan& run, int rank, int size,
   // Medians: the first messages after connecting, or a descheduled peer,
   // would otherwise dominate. Every rank times the same number of windows,
   // so the exchanges stay paired.
+  // Every pair starts each exchange at once, as a collective's pairs do: a
+  // pair timed while the others wait would have the machine's cores to itself
+  // (4 tcp ranks on 2 cores measured twice the rate their collectives get).
+  const double nothing = 0;
+  double ignored = 0;
+  const Plan barrier = max_of_doubles(rank, size, 1);
   auto time_s = [&](int partner, size_t bytes, int times) {
     const Plan plan = pair_exchange(partner, bytes);
     const int per_window = std::max(1, times / effort.windows);
@@ -86,6 +98,7 @@ CostModel probe_cost_model(const RunPlan& run, int rank, int size,
       if (w > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       std::vector<double> t;
       for (int i = 0; i < per_window; ++i) {
+        run(barrier, &nothing, &ignored, DataType::Float64, ReduceOp::Max);
         const double start = now_s();
         run(plan, in.data(), out.data(), DataType::UInt8, ReduceOp::Sum);
         t.push_back(now_s() - start);

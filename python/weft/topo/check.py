@@ -197,8 +197,18 @@ def check(
     problems = shape_problems(algo)
     if not problems and topology is not None:
         problems = route_problems(algo, topology, max_errors)
-    if problems or scale < 1:
-        problems = problems or [Problem(f"scale {scale} must be at least 1")]
+    if not problems and scale < 1:
+        problems = [Problem(f"scale {scale} must be at least 1")]
+    if not problems and _modelled_elements(algo) > MODELLED_ELEMENTS:
+        problems = [
+            Problem(
+                f"the checker labels every element of every rank's buffers, "
+                f"{_modelled_elements(algo)} here, and takes at most {MODELLED_ELEMENTS}: write "
+                "the Algorithm with a small count, a chunk per element, and let topo.run scale it "
+                "to the buffer (check's scale= counts messages as the executor then cuts them)"
+            )
+        ]
+    if problems:
         return Report(algo.name, algo.ranks, problems)
     run = _Run(
         algo,
@@ -217,6 +227,19 @@ def check(
     return run.report
 
 
+# Elements the symbolic execution labels, at most: 2^21 take it about 1 GB and 10 s.
+MODELLED_ELEMENTS = 1 << 21
+
+
+def _longest_buffer(algo: Algorithm) -> int:
+    return max([1] + [n for r in range(algo.ranks) for n in algo.buffer_counts(r).values()])
+
+
+def _modelled_elements(algo: Algorithm) -> int:
+    """Labels: every element of every rank's input and output, at the longest buffer's count."""
+    return 2 * algo.ranks * _longest_buffer(algo)
+
+
 class _Run:
     def __init__(self, algo: Algorithm, slots: int, slot_bytes: int, scale: int, max_errors: int):
         if slots < 1 or slot_bytes < algo.elem_size:
@@ -231,7 +254,7 @@ class _Run:
         self.max_errors = max_errors
         self.report = Report(algo.name, algo.ranks)
         self.sizes = [algo.buffer_counts(r) for r in range(algo.ranks)]
-        self.longest = max([1] + [n for s in self.sizes for n in s.values()])
+        self.longest = _longest_buffer(algo)
         self.connections: dict[tuple[int, int, int], _Connection] = {}
         self.memory = [self._initial_memory(r) for r in range(algo.ranks)]
         # Happens-before: a vector clock per channel of every rank ("thread"), advanced by every
@@ -259,23 +282,22 @@ class _Run:
         if fatal or len(self.report.errors) >= self.max_errors:
             raise _Stop
 
-    # ---- labels: bit b of a value's mask is one original element ---------------------------
+    # ---- labels: a value is the set of original elements summed into it -------------------
+    # (Sets, not bits of one integer: a mask's size grows with the element's number, which made
+    # the memory quadratic in the buffers' length.)
 
-    def label(self, buffer: str, rank: int, index: int) -> int:
+    def label(self, buffer: str, rank: int, index: int) -> frozenset:
         base = 0 if buffer == "input" else self.algo.ranks * self.longest
-        return 1 << (base + rank * self.longest + index)
+        return frozenset((base + rank * self.longest + index,))
 
-    def describe(self, mask: int, limit: int = 3) -> str:
-        names, bit = [], 0
-        while mask and len(names) < limit:
-            if mask & 1:
-                which, rest = divmod(bit, self.algo.ranks * self.longest)
-                rank, index = divmod(rest, self.longest)
-                kind = "input" if which == 0 else "initial output"
-                names.append(f"rank {rank}'s {kind}[{index}]")
-            mask >>= 1
-            bit += 1
-        return ", ".join(names) + (", ..." if mask else "")
+    def describe(self, mask: frozenset, limit: int = 3) -> str:
+        names = []
+        for element in sorted(mask)[:limit]:
+            which, rest = divmod(element, self.algo.ranks * self.longest)
+            rank, index = divmod(rest, self.longest)
+            kind = "input" if which == 0 else "initial output"
+            names.append(f"rank {rank}'s {kind}[{index}]")
+        return ", ".join(names) + (", ..." if len(mask) > limit else "")
 
     # ---- memory: in place, input and output are one storage --------------------------------
 
@@ -761,8 +783,8 @@ class _Run:
                         f"output[{i}] divided {div} time(s) by the world size, not {divided}", r
                     )
 
-    def difference(self, i: int, got: int, want: int) -> str:
-        missing, extra = want & ~got, got & ~want
+    def difference(self, i: int, got: frozenset, want: frozenset) -> str:
+        missing, extra = want - got, got - want
         parts = []
         if missing:
             parts.append(f"misses {self.describe(missing)}")
@@ -770,15 +792,12 @@ class _Run:
             parts.append(f"holds {self.describe(extra)}, which does not belong there")
         return f"output[{i}] " + " and ".join(parts)
 
-    def expected_output(self, r: int) -> list[int] | None:
+    def expected_output(self, r: int) -> list[frozenset] | None:
         a, n, count, root = self.algo, self.algo.ranks, self.algo.count, self.algo.root
         ranks = range(n)
 
         def reduced(index):
-            mask = 0
-            for q in ranks:
-                mask |= self.label("input", q, index)
-            return mask
+            return frozenset().union(*(self.label("input", q, index) for q in ranks))
 
         if a.collective == "allreduce":
             return [reduced(i) for i in range(count)]

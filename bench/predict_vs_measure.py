@@ -7,11 +7,14 @@ Each case calibrates, measures and predicts on the same ranks:
 
 1. calibrate: ``weft-bench --tune`` on those ranks writes a cost model (the thorough form of the
    probe a communicator runs when it is created); ``Topology.from_cost_model`` turns it into
-   links (shared memory inside a host, tcp between hosts) and a reduction cost;
+   links (shared memory inside a host, tcp between hosts) and a reduction cost, each link's
+   beta at each call's size (measured in cache at 4 MiB and past the caches at 64 MiB);
 2. measure: one weft-bench launch, ring, tree and rhd taking turns at every size
    (``--rounds``), out of place, the slowest rank's time per call;
 3. predict: ``topo.simulate`` of each family's Plans (made by the same generators, two
-   channels as the communicator has) on that topology, and the closed form ``topo.predict``.
+   channels as the communicator has) on that topology, again with the small-buffer betas at
+   every size ("one beta", what the large-buffer ones change), and the closed form
+   ``topo.predict``.
 
 Cases: ``tcp4``, 4 local ranks over weft's tcp transport (each rank a "host" of its own behind a
 switch: loopback has no shared link, the four ranks share the machine's 2 cores); ``netns2x2``,
@@ -91,9 +94,13 @@ def compare(case: dict, model: Path, report: dict) -> list[dict]:
     from weft import topo
     from weft.topo import Topology
 
-    world = Topology.from_cost_model(model, n_hosts=case["hosts"], per_host=case["per_host"])
-    closed = topo.Topology(size=case["hosts"] * case["per_host"], hosts=case["hosts"], any_tcp=True)
     costs = topo.load_cost_model(str(model))
+    world = Topology.from_cost_model(costs, n_hosts=case["hosts"], per_host=case["per_host"])
+    # The same links with their small-buffer betas at every size: what the large-buffer ones add.
+    one_beta = topo.load_cost_model(str(model))
+    one_beta.large_bytes = 0
+    flat = Topology.from_cost_model(one_beta, n_hosts=case["hosts"], per_host=case["per_host"])
+    closed = topo.Topology(size=case["hosts"] * case["per_host"], hosts=case["hosts"], any_tcp=True)
     rows = []
     for r in report["results"]:
         family = r["system"].partition("[")[2].rstrip("]")  # weft[ring], weft-tcp[ring]
@@ -101,10 +108,13 @@ def compare(case: dict, model: Path, report: dict) -> list[dict]:
             continue
         measured = r["time_us"] * 1e-6
         simulated = topo.simulate(family, world, r["bytes"]).time_s
+        simulated_one_beta = topo.simulate(family, flat, r["bytes"]).time_s
         formula = topo.predict(family, "allreduce", r["bytes"], closed, model=costs)
         rows.append({"family": family, "bytes": r["bytes"], "measured_s": measured,
-                     "simulated_s": simulated, "closed_form_s": formula,
-                     "error": simulated / measured - 1, "closed_form_error": formula / measured - 1,
+                     "simulated_s": simulated, "simulated_one_beta_s": simulated_one_beta,
+                     "closed_form_s": formula, "error": simulated / measured - 1,
+                     "one_beta_error": simulated_one_beta / measured - 1,
+                     "closed_form_error": formula / measured - 1,
                      "runs_us": r["time_us_runs"]})  # fmt: skip
     return rows
 
@@ -113,8 +123,9 @@ def write_md(out: dict, path: Path) -> None:
     lines = ["# Predicted against measured allreduce time", "",
              f"{out['date']}, `{out['command']}` (bench/predict_vs_measure.py says how). "
              "Error = predicted / measured - 1; the goal is |error| <= 15 % from 64 KiB. "
-             "Simulated: weft.topo.simulate on the calibrated topology; closed form: "
-             "topo.predict with the same cost model."]  # fmt: skip
+             "Simulated: weft.topo.simulate on the calibrated topology, its links at each "
+             "call's size; one beta: the same with the small-buffer betas at every size; "
+             "closed form: topo.predict with the same cost model (at each size)."]  # fmt: skip
     for case in out["cases"].values():
         rows = case["rows"]
         hits = sum(abs(r["error"]) <= GOAL for r in rows)
@@ -122,12 +133,13 @@ def write_md(out: dict, path: Path) -> None:
                   f"Load average {case['load_average']:.1f} on 2 cores at the start; calibrated "
                   f"links: {case['links']}. Within 15 %: {hits} of {len(rows)} sizes x families.",
                   "", "| family | bytes | measured (us) | simulated (us) | error "
-                  "| closed form (us) | error |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  "| one beta (us) | error | closed form (us) | error |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for r in sorted(rows, key=lambda r: (r["family"], r["bytes"])):
             lines.append(
                 f"| {r['family']} | {r['bytes']} | {r['measured_s'] * 1e6:.0f} | "
                 f"{r['simulated_s'] * 1e6:.0f} | {r['error']:+.0%} | "
+                f"{r['simulated_one_beta_s'] * 1e6:.0f} | {r['one_beta_error']:+.0%} | "
                 f"{r['closed_form_s'] * 1e6:.0f} | {r['closed_form_error']:+.0%} |"
             )
     path.write_text("\n".join(lines) + "\n")

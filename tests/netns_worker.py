@@ -43,13 +43,14 @@ def main() -> None:
     store = dist.TCPStore(
         ip, int(port), args.size, args.rank == 0, timedelta(seconds=60), wait_for_workers=False
     )
-    report = {"rank": args.rank, "errors": [], "chosen": {}}
+    report = {"rank": args.rank, "errors": [], "chosen": {}, "tcp_beta_s_per_b": []}
     for algo in args.algos.split(","):
         comm = weft.Communicator(
             store, args.rank, args.size, name=f"multihost-{algo}", timeout=60, algo=algo
         )
         report["chosen"][algo] = comm.algorithm("allreduce", 64 << 20)[0]
         report["transports"] = [comm.transport_to(p) for p in range(args.size)]
+        report["tcp_beta_s_per_b"].append(comm.cost_model.tcp.beta_s_per_b)
         for count in COUNTS:
             for dtype, op in CASES:
                 buf = contribution(args.rank, count, dtype)

@@ -388,6 +388,13 @@ COST_MODEL_FIELDS = {
     "tcp_beta_s_per_b",
     "gamma_s_per_b",
 }
+# What the thorough probe adds: betas for buffers past the caches, and the two sizes.
+LARGE_BUFFER_FIELDS = {
+    "small_bytes",
+    "large_bytes",
+    "shm_beta_large_s_per_b",
+    "tcp_beta_large_s_per_b",
+}
 PRINT_COST_MODEL = (
     "import torch.distributed as dist, weft\n"
     "print(weft.Communicator(dist.HashStore(), 0, 1).cost_model, end='')"
@@ -411,7 +418,9 @@ def test_tune_writes_a_cost_model_that_weft_tune_loads(tmp_path):
     values = {
         k: float(v) for k, v in (line.split() for line in text.splitlines() if line[:1] != "#")
     }
-    assert set(values) == COST_MODEL_FIELDS and all(v > 0 for v in values.values())
+    assert set(values) == COST_MODEL_FIELDS | LARGE_BUFFER_FIELDS
+    assert all(v > 0 for v in values.values())
+    assert (values["small_bytes"], values["large_bytes"]) == (4 << 20, 64 << 20)
     # Measured, not the built-in figures. (Which link comes out faster depends on where the
     # scheduler put each launch's two ranks: sharing a core, shm pings cost a context switch.)
     builtin = dict(line.split() for line in cost_model_with("off").stdout.splitlines())

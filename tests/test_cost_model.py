@@ -216,6 +216,53 @@ def test_measured_plans_are_comments_in_a_saved_model(tmp_path):
     assert loaded.shm.alpha_s == m.shm.alpha_s
 
 
+def large_buffer_model() -> topo.CostModel:
+    m = model("vm-shm")
+    m.tcp = topo.LinkCost(alpha_s=20e-6, beta_s_per_b=1e-9, beta_large_s_per_b=2e-9)
+    m.small_bytes, m.large_bytes = 4 << 20, 64 << 20
+    return m
+
+
+def test_large_buffer_betas_hold_from_large_bytes_and_meet_in_log2_between():
+    m = large_buffer_model()
+    beta = {n: topo.at_buffer(m, n).tcp.beta_s_per_b for n in (1 << 20, 16 << 20, 1 << 30)}
+    assert beta == {1 << 20: 1e-9, 16 << 20: pytest.approx(1.5e-9), 1 << 30: 2e-9}
+    assert topo.at_buffer(m, 1 << 30).shm.beta_s_per_b == m.shm.beta_s_per_b  # none measured
+    # predict prices a call at its size: at 64 MiB and more, as if beta were beta_large.
+    flat = topo.Topology(size=4, hosts=4, any_tcp=True)
+    slow = large_buffer_model()
+    slow.tcp = topo.LinkCost(alpha_s=20e-6, beta_s_per_b=2e-9)
+    slow.small_bytes = slow.large_bytes = 0
+    for family in ("ring", "rhd", "tree"):
+        assert topo.predict(family, "allreduce", 64 << 20, flat, m) == pytest.approx(
+            topo.predict(family, "allreduce", 64 << 20, flat, slow)
+        )
+        assert topo.predict(family, "allreduce", 1 << 20, flat, m) < topo.predict(
+            family, "allreduce", 1 << 20, flat, slow
+        )
+
+
+def test_large_buffer_betas_survive_a_file_and_bad_ones_are_refused(tmp_path):
+    path = tmp_path / "model.txt"
+    topo.save_cost_model(large_buffer_model(), str(path))
+    text = path.read_text()
+    assert "large_bytes 67108864" in text and "tcp_beta_large_s_per_b 2e-09" in text
+    loaded = topo.load_cost_model(str(path))
+    assert (loaded.small_bytes, loaded.large_bytes) == (4 << 20, 64 << 20)
+    assert loaded.tcp.beta_large_s_per_b == 2e-9
+    # A file without them (older, or from the quick probe) holds one beta per link.
+    path.write_text("\n".join(line for line in text.splitlines() if "large" not in line))
+    assert topo.load_cost_model(str(path)).large_bytes == 0
+    for bad, message in (
+        ("large_bytes 1048576", "large_bytes must be more than small_bytes"),
+        ("large_bytes 67108864.5", "large_bytes must be a whole number of bytes"),
+        ("tcp_beta_large_s_per_b -1", "tcp_beta_large_s_per_b must be 0"),
+    ):
+        path.write_text(text + bad + "\n")
+        with pytest.raises(ValueError, match=message):
+            topo.load_cost_model(str(path))
+
+
 # Which recursive-doubling worlds end some rank's rounds in Scratch, so that it copies its
 # result out: (in place, out of place). Its rounds alternate buffers, starting from Input
 # (Output for ranks that took a folded partner's input), and may not write Input in place.

@@ -3,7 +3,8 @@
 2 hosts x 2 ranks and 3 hosts x 2 ranks: shared memory inside a host, tcp across links limited
 to RATE_MBIT; every allreduce algorithm that applies is checked against numpy on the ranks, and
 the tuner must pick the hierarchical one for large messages (with the host links this slow, it
-is the fastest by far). Skipped, with the reason, without root or ip.
+is the fastest by far), and the probe's tcp figure must be the link's rate. Skipped, with the
+reason, without root or ip.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def test_hierarchical_across_namespaces(hosts, per_host):
         same_host = [p // per_host == rank // per_host for p in range(size)]
         want = ["self" if p == rank else ("shm" if same_host[p] else "tcp") for p in range(size)]
         assert report["transports"] == want
+        # Each probe's tcp figure is one flow's on a host's link, which two pairs share in its
+        # second round: the link's rate (tc's ceiling), not half of it.
+        beta = sorted(report["tcp_beta_s_per_b"])[len(ALGOS.split(",")) // 2]
+        link_rate = RATE_MBIT * 1e6 / 8
+        assert 0.8 < beta * link_rate < 1.6, f"rank {rank}: tcp beta {beta} against the link's rate"
 
 
 MPI_RANK = """

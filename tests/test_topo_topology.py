@@ -135,8 +135,22 @@ def test_calibration_from_a_cost_model(tmp_path):
         assert end_to_end(t, 0, 3) == pytest.approx((40e-6, 1e9))
         assert t.gamma_s_per_b == pytest.approx(1 / 5e9)
     assert Topology.from_cost_model().size == 2
+    assert t.at_buffer(64 << 20) is t  # one beta per link: the same at every size
     with pytest.raises(TopologyError, match="CostModel or a path"):
         Topology.from_cost_model(3)
+    # With large-buffer betas, simulate runs a call on the links at its size.
+    model.tcp = topo.LinkCost(40e-6, 1 / 1e9, 1 / 0.5e9)
+    model.small_bytes, model.large_bytes = 4 << 20, 64 << 20
+    t = Topology.from_cost_model(model, 2, 2)
+    assert end_to_end(t, 0, 3) == pytest.approx((40e-6, 1e9))
+    assert end_to_end(t.at_buffer(1 << 30), 0, 3) == pytest.approx((40e-6, 0.5e9))
+    slow = topo.CostModel()
+    slow.shm, slow.tcp, slow.gamma_s_per_b = model.shm, topo.LinkCost(40e-6, 1 / 0.5e9), 1 / 5e9
+    at_large = Topology.from_cost_model(slow, 2, 2)
+    for nbytes in (64 << 20, 1 << 20):
+        seconds = topo.simulate("ring", t, nbytes).time_s
+        as_if_slow = topo.simulate("ring", at_large, nbytes).time_s
+        assert seconds == pytest.approx(as_if_slow) if nbytes >= 64 << 20 else seconds < as_if_slow
     faster = Topology.hosts(2, 2).with_class("nic", bandwidth_Bps=1e12)
     assert {x.bandwidth_Bps for x in faster.links if x.cls == "nic"} == {1e12}
     with pytest.raises(TopologyError, match="no links of class 'warp'"):

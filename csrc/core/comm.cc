@@ -338,7 +338,8 @@ RunPlan Communicator::tuning_runner(uint64_t seq) {
 
 CostModel Communicator::probe(const ProbeEffort& effort, uint64_t seq) {
   auto is_tcp = [this](int peer) { return transport_to(peer) == "tcp"; };
-  return probe_cost_model(tuning_runner(seq), rank_, size_, is_tcp, CostModel{}, effort);
+  auto host_of = [this](int r) { return mesh_->peer(r).host_id; };
+  return probe_cost_model(tuning_runner(seq), rank_, size_, is_tcp, host_of, CostModel{}, effort);
 }
 
 namespace {

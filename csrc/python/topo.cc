@@ -27,15 +27,20 @@ void bind_topo(py::module_& parent) {
   bind_plan_export(m);
   bind_plan_source(m);
 
-  py::class_<LinkCost>(m, "LinkCost", "Cost of one message: alpha + bytes * beta seconds.")
-      .def(py::init(
-               [](double alpha_s, double beta_s_per_b) { return LinkCost{alpha_s, beta_s_per_b}; }),
-           py::arg("alpha_s"), py::arg("beta_s_per_b"))
+  py::class_<LinkCost>(m, "LinkCost",
+                       "Cost of one message: alpha + bytes * beta seconds (beta_large for "
+                       "buffers of the model's large_bytes and more; 0: beta there too).")
+      .def(py::init([](double alpha_s, double beta_s_per_b, double beta_large_s_per_b) {
+             return LinkCost{alpha_s, beta_s_per_b, beta_large_s_per_b};
+           }),
+           py::arg("alpha_s"), py::arg("beta_s_per_b"), py::arg("beta_large_s_per_b") = 0.0)
       .def_readwrite("alpha_s", &LinkCost::alpha_s)
       .def_readwrite("beta_s_per_b", &LinkCost::beta_s_per_b)
+      .def_readwrite("beta_large_s_per_b", &LinkCost::beta_large_s_per_b)
       .def("__repr__", [](const LinkCost& l) {
         return "LinkCost(alpha_s=" + std::to_string(l.alpha_s) +
-               ", beta_s_per_b=" + std::to_string(l.beta_s_per_b) + ")";
+               ", beta_s_per_b=" + std::to_string(l.beta_s_per_b) +
+               ", beta_large_s_per_b=" + std::to_string(l.beta_large_s_per_b) + ")";
       });
 
   py::class_<CostModel>(m, "CostModel", "Link costs per transport and the reduction cost.")
@@ -43,6 +48,11 @@ void bind_topo(py::module_& parent) {
       .def_readwrite("shm", &CostModel::shm)
       .def_readwrite("tcp", &CostModel::tcp)
       .def_readwrite("gamma_s_per_b", &CostModel::gamma_s_per_b)
+      .def_readwrite("small_bytes", &CostModel::small_bytes,
+                     "The buffer size the links' beta was measured at (0: beta holds at every "
+                     "size).")
+      .def_readwrite("large_bytes", &CostModel::large_bytes,
+                     "The buffer size their beta_large was measured at (0: not measured).")
       .def_property(
           "measured",
           [](const CostModel& model) {
@@ -134,6 +144,9 @@ void bind_topo(py::module_& parent) {
       "(algorithm, predicted seconds) the tuner would pick, out of place or in place.");
   m.attr("MEASURED_BYTES") = py::tuple(
       py::cast(std::vector<size_t>(std::begin(kMeasuredBytes), std::end(kMeasuredBytes))));
+  m.def("at_buffer", &at_buffer, py::arg("model"), py::arg("nbytes"),
+        "The model for calls on nbytes per rank: each link's beta up to small_bytes, its "
+        "beta_large from large_bytes, the line between them in log2(nbytes) between.");
   m.def("load_cost_model", &load_cost_model, py::arg("path"),
         "Reads a model written by save_cost_model (the format WEFT_TUNE=<file> takes).");
   m.def(

@@ -21,6 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!(model.shm.alpha_s > 0) || !(model.tcp.beta_s_per_b > 0) || !(model.gamma_s_per_b > 0)) {
       std::abort();  // accepted a model the loader promises to refuse
     }
+    if (!(model.shm.beta_large_s_per_b >= 0) || !(model.tcp.beta_large_s_per_b >= 0) ||
+        (model.large_bytes != 0 && model.large_bytes <= model.small_bytes)) {
+      std::abort();  // large-buffer figures it promises to check
+    }
   } catch (const weft::InvalidArgument&) {
   }
   return 0;

@@ -44,6 +44,20 @@ bool has_form(Algorithm a, Collective c, const Topology& topo) {
 // Seconds for one message of `bytes` over `link`.
 double msg(const LinkCost& link, double bytes) { return link.alpha_s + bytes * link.beta_s_per_b; }
 
+// `link` for a buffer of `bytes` (see at_buffer).
+LinkCost link_at(const CostModel& model, LinkCost link, size_t bytes) {
+  if (model.small_bytes == 0 || model.large_bytes <= model.small_bytes ||
+      link.beta_large_s_per_b <= 0) {
+    return link;
+  }
+  const double from = std::log2(static_cast<double>(model.small_bytes));
+  const double span = std::log2(static_cast<double>(model.large_bytes)) - from;
+  const double at = std::log2(std::max(1.0, static_cast<double>(bytes)));
+  const double t = std::clamp((at - from) / span, 0.0, 1.0);
+  link.beta_s_per_b += t * (link.beta_large_s_per_b - link.beta_s_per_b);
+  return link;
+}
+
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // Rounds of recursive doubling between ranks of one host: the partner at
@@ -59,12 +73,24 @@ int rounds_inside_hosts(const Topology& topo) {
 
 }  // namespace
 
+CostModel at_buffer(const CostModel& model, size_t bytes) {
+  CostModel out = model;
+  out.shm = link_at(model, model.shm, bytes);
+  out.tcp = link_at(model, model.tcp, bytes);
+  return out;
+}
+
 std::string format_cost_model(const CostModel& m) {
   std::ostringstream out;
   out.precision(6);
   out << "shm_alpha_s " << m.shm.alpha_s << "\nshm_beta_s_per_b " << m.shm.beta_s_per_b
       << "\ntcp_alpha_s " << m.tcp.alpha_s << "\ntcp_beta_s_per_b " << m.tcp.beta_s_per_b
       << "\ngamma_s_per_b " << m.gamma_s_per_b << "\n";
+  if (m.large_bytes > 0) {
+    out << "small_bytes " << m.small_bytes << "\nlarge_bytes " << m.large_bytes
+        << "\nshm_beta_large_s_per_b " << m.shm.beta_large_s_per_b << "\ntcp_beta_large_s_per_b "
+        << m.tcp.beta_large_s_per_b << "\n";
+  }
   for (const MeasuredCost& p : m.measured) {
     out << "# measured " << to_string(p.collective) << " " << to_string(p.algorithm) << " "
         << p.bytes << " B: " << p.seconds << " s\n";
@@ -105,6 +131,34 @@ CostModel load_cost_model(const std::string& path) {
     }
     *fields[i] = it->second;
   }
+  // Optional (files without them hold one beta per link): the large-buffer
+  // betas and the sizes both were measured at.
+  double* optional[] = {&m.shm.beta_large_s_per_b, &m.tcp.beta_large_s_per_b};
+  const char* optional_names[] = {"shm_beta_large_s_per_b", "tcp_beta_large_s_per_b"};
+  for (int i = 0; i < 2; ++i) {
+    auto it = values.find(optional_names[i]);
+    if (it == values.end()) continue;
+    if (!(it->second >= 0)) {
+      throw InvalidArgument("WEFT_TUNE file '" + path + "': " + optional_names[i] +
+                            " must be 0 (not measured) or positive");
+    }
+    *optional[i] = it->second;
+  }
+  size_t* sizes[] = {&m.small_bytes, &m.large_bytes};
+  const char* size_names[] = {"small_bytes", "large_bytes"};
+  for (int i = 0; i < 2; ++i) {
+    auto it = values.find(size_names[i]);
+    if (it == values.end()) continue;
+    if (!(it->second >= 0 && it->second <= 1e15 && it->second == std::floor(it->second))) {
+      throw InvalidArgument("WEFT_TUNE file '" + path + "': " + size_names[i] +
+                            " must be a whole number of bytes");
+    }
+    *sizes[i] = static_cast<size_t>(it->second);
+  }
+  if (m.large_bytes > 0 && m.large_bytes <= m.small_bytes) {
+    throw InvalidArgument("WEFT_TUNE file '" + path +
+                          "': large_bytes must be more than small_bytes (or 0)");
+  }
   return m;
 }
 
@@ -117,11 +171,15 @@ std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo) {
 }
 
 double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
-               const CostModel& model, bool in_place) {
+               const CostModel& measured, bool in_place) {
   if (!has_form(a, c, topo)) {
     throw InvalidArgument(std::string("algorithm ") + to_string(a) + " has no " + to_string(c) +
                           " for this world");
   }
+  CostModel model;  // the links at this size (not the measured Plans, which predict ignores)
+  model.shm = link_at(measured, measured.shm, bytes);
+  model.tcp = link_at(measured, measured.tcp, bytes);
+  model.gamma_s_per_b = measured.gamma_s_per_b;
   const double n = topo.size, S = static_cast<double>(bytes), g = model.gamma_s_per_b;
   if (topo.size == 1) return S * g / 4;  // a local copy
   const LinkCost& flat = topo.any_tcp ? model.tcp : model.shm;

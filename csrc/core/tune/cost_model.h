@@ -17,6 +17,9 @@ namespace weft {
 struct LinkCost {
   double alpha_s = 0;       // seconds per message (latency)
   double beta_s_per_b = 0;  // seconds per byte (inverse bandwidth)
+  // Seconds per byte for buffers of CostModel::large_bytes and more, where
+  // the copies run from memory instead of the caches; 0: beta_s_per_b there.
+  double beta_large_s_per_b = 0;
 };
 
 // One family's Plan of one collective, timed on a live world at `bytes` per
@@ -37,10 +40,19 @@ struct CostModel {
   LinkCost shm{2e-6, 1.0 / 8e9};
   LinkCost tcp{20e-6, 1.0 / 2e9};
   double gamma_s_per_b = 1.0 / 10e9;  // reduction, per byte of output
+  // The buffer sizes the links' two betas were measured at (0: only beta,
+  // which then holds at every size). at_buffer() interpolates between them.
+  size_t small_bytes = 0;
+  size_t large_bytes = 0;
   // What whole Plans took on the world the model was measured on
   // (family_probe.h); empty for a model from a file or the defaults.
   std::vector<MeasuredCost> measured;
 };
+
+// The model for calls on `bytes` per rank: each link's beta up to
+// small_bytes, its beta_large from large_bytes, and the line between the two
+// in log2(bytes) between (the rest unchanged).
+CostModel at_buffer(const CostModel& model, size_t bytes);
 
 // A model as text ("shm_alpha_s 2e-06" lines; "#" starts a comment line),
 // for WEFT_TUNE=<file>. Measured Plans are written as comments: they hold
@@ -76,7 +88,8 @@ std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo);
 // for allgather, each rank's block), from the link figures alone, in place
 // (output and input one buffer) or not: the price includes the local copies
 // a family's Plan makes in that form (oneshot staging its contributions, rd
-// moving its result out of Scratch). Throws InvalidArgument when `a` has no
+// moving its result out of Scratch), with the links' figures at_buffer(bytes).
+// Throws InvalidArgument when `a` has no
 // form for `c` on `topo`.
 double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
                const CostModel& model, bool in_place = false);

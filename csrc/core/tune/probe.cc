@@ -1,9 +1,11 @@
 #include "core/tune/probe.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
-#include <limits>
+#include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/algo/algorithms.h"
@@ -34,6 +36,22 @@ int partner_in(int round, int rank, int size) {
     return -1;
   }
   return (other + round) % size;
+}
+
+// At most how many of `round`'s pairs leave one host at once, in one
+// direction (at least 1). They share that host's link, and the model's tcp
+// beta is a lone flow's: the simulator and the closed form divide a link
+// among the flows that cross it.
+int flows_leaving_a_host(int round, int size, const std::function<std::string(int)>& host_of) {
+  std::unordered_map<std::string, int> leaving;
+  int most = 1;
+  for (int r = 0; r < size; ++r) {
+    const int partner = partner_in(round, r, size);
+    if (partner < 0) continue;
+    const std::string host = host_of(r);
+    if (host != host_of(partner)) most = std::max(most, ++leaving[host]);
+  }
+  return most;
 }
 
 // An allreduce of `count` doubles in one round (with Max, every rank's
@@ -72,57 +90,85 @@ std::vector<double> max_over_ranks(const RunPlan& run, int rank, int size,
 }
 
 CostModel probe_cost_model(const RunPlan& run, int rank, int size,
-                           const std::function<bool(int)>& is_tcp, const CostModel& defaults,
-                           const ProbeEffort& effort) {
-  // measured[0..1]: shm alpha, beta; [2..3]: tcp alpha, beta; [4]: gamma.
-  std::vector<double> measured(5, 0.0);
+                           const std::function<bool(int)>& is_tcp,
+                           const std::function<std::string(int)>& host_of,
+                           const CostModel& defaults, const ProbeEffort& effort) {
+  // measured[0..1]: shm alpha, beta; [2..3]: tcp alpha, beta; [4]: gamma;
+  // [5..6]: shm, tcp beta past the caches.
+  std::vector<double> measured(7, 0.0);
   measured[4] = reduce_cost();
-  std::vector<char> in(effort.transfer_bytes), out(effort.transfer_bytes);
-  // Medians: the first messages after connecting, or a descheduled peer,
-  // would otherwise dominate. Every rank times the same number of windows,
-  // so the exchanges stay paired.
-  // Every pair starts each exchange at once, as a collective's pairs do: a
-  // pair timed while the others wait would have the machine's cores to itself
-  // (4 tcp ranks on 2 cores measured twice the rate their collectives get).
+  const size_t longest = std::max(effort.transfer_bytes, effort.large_bytes);
+  std::vector<char> in(longest), out(longest);
+  // Each window is timed as a collective's steps run: every pair exchanging
+  // at once, back to back, and the window costing what its slowest rank
+  // took. (Pairs timed one exchange at a time measure the machine's cores to
+  // themselves whenever the other pairs are between exchanges: 4 tcp ranks on
+  // 2 cores got twice the rate their collectives get.) Of the windows, the
+  // lowest counts, so the first messages after connecting or a stretch when
+  // another process held the CPU do not become the link's cost. Returns, per
+  // kind of link (shm, tcp), seconds per exchange, or 0 where no pair used it.
+  const Plan barrier = max_of_doubles(rank, size, 1);
   const double nothing = 0;
   double ignored = 0;
-  const Plan barrier = max_of_doubles(rank, size, 1);
   auto time_s = [&](int partner, size_t bytes, int times) {
     const Plan plan = pair_exchange(partner, bytes);
-    const int per_window = std::max(1, times / effort.windows);
-    double lowest = std::numeric_limits<double>::infinity();
-    for (int w = 0; w < effort.windows; ++w) {
+    const int windows = std::max(1, std::min(effort.windows, times));
+    const int per_window = std::max(1, times / windows);
+    const int kind = partner < 0 ? -1 : is_tcp(partner) ? 1 : 0;
+    // [k * windows + w]: this rank's seconds per exchange in window w over
+    // links of kind k.
+    std::vector<double> seconds(2 * windows, 0.0);
+    for (int w = 0; w < windows; ++w) {
       // A rank that sleeps is placed afresh when it wakes: two ranks left
       // sharing one core (pings then cost a context switch) get another
       // chance at a core each.
       if (w > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      std::vector<double> t;
+      run(barrier, &nothing, &ignored, DataType::Float64, ReduceOp::Max);
+      const double start = now_s();
       for (int i = 0; i < per_window; ++i) {
-        run(barrier, &nothing, &ignored, DataType::Float64, ReduceOp::Max);
-        const double start = now_s();
         run(plan, in.data(), out.data(), DataType::UInt8, ReduceOp::Sum);
-        t.push_back(now_s() - start);
       }
-      std::nth_element(t.begin(), t.begin() + per_window / 2, t.end());
-      lowest = std::min(lowest, t[per_window / 2]);
+      if (kind >= 0) seconds[kind * windows + w] = (now_s() - start) / per_window;
+    }
+    const std::vector<double> slowest = max_over_ranks(run, rank, size, seconds);
+    std::array<double, 2> lowest{};
+    for (int k = 0; k < 2; ++k) {
+      const auto first = slowest.begin() + k * windows;
+      lowest[k] = *std::min_element(first, first + windows);
     }
     return lowest;
   };
+  auto beta = [](double transfer, double alpha, size_t bytes) {
+    return std::max(transfer - alpha, alpha) / static_cast<double>(bytes);
+  };
   for (int round = 0; round < 2 && size > 1; ++round) {
     const int partner = partner_in(round, rank, size);
-    const double alpha = time_s(partner, 1, effort.pings);
-    const double transfer = time_s(partner, effort.transfer_bytes, effort.transfers);
-    if (partner < 0) continue;
-    const int at = is_tcp(partner) ? 2 : 0;
-    measured[at] = std::max(measured[at], alpha);
-    measured[at + 1] =
-        std::max(measured[at + 1], std::max(transfer - alpha, alpha) / effort.transfer_bytes);
+    const std::array<double, 2> alpha = time_s(partner, 1, effort.pings);
+    const std::array<double, 2> transfer = time_s(partner, effort.transfer_bytes, effort.transfers);
+    std::array<double, 2> large{};
+    if (effort.large_bytes > 0) large = time_s(partner, effort.large_bytes, effort.large_transfers);
+    const int sharing = flows_leaving_a_host(round, size, host_of);
+    for (int k = 0; k < 2; ++k) {
+      if (alpha[k] <= 0) continue;
+      const double flows = k == 1 ? sharing : 1;  // tcp between hosts: per flow
+      measured[2 * k] = std::max(measured[2 * k], alpha[k]);
+      measured[2 * k + 1] =
+          std::max(measured[2 * k + 1], beta(transfer[k], alpha[k], effort.transfer_bytes) / flows);
+      if (large[k] > 0) {
+        measured[5 + k] =
+            std::max(measured[5 + k], beta(large[k], alpha[k], effort.large_bytes) / flows);
+      }
+    }
   }
   const std::vector<double> agreed = max_over_ranks(run, rank, size, measured);
   CostModel model = defaults;
-  if (agreed[0] > 0) model.shm = LinkCost{agreed[0], agreed[1]};
-  if (agreed[2] > 0) model.tcp = LinkCost{agreed[2], agreed[3]};
+  if (agreed[0] > 0) model.shm = LinkCost{agreed[0], agreed[1], agreed[5]};
+  if (agreed[2] > 0) model.tcp = LinkCost{agreed[2], agreed[3], agreed[6]};
   model.gamma_s_per_b = agreed[4];
+  if (effort.large_bytes > 0) {
+    model.small_bytes = effort.transfer_bytes;
+    model.large_bytes = effort.large_bytes;
+  }
   return model;
 }
 

@@ -23,10 +23,14 @@ def tune_rank(rank: int, size: int, store, job: dict | None = None) -> dict:
     comm = weft.Communicator(store, rank, size, name="tune")
     model = comm.measure_cost_model(thorough=True)
     used = sorted({comm.transport_to(p) for p in range(size) if p != rank})
-    links = {t: [getattr(model, t).alpha_s, getattr(model, t).beta_s_per_b] for t in TRANSPORTS}
+    links = {}
+    for t in TRANSPORTS:
+        link = getattr(model, t)
+        links[t] = [link.alpha_s, link.beta_s_per_b, link.beta_large_s_per_b]
     if job is not None:  # launched here: rank 0 hosts the store until all are done
         launch.leave_together(store, rank, size)
-    return {"links": links, "gamma_s_per_b": model.gamma_s_per_b, "used": used}
+    sizes = [model.small_bytes, model.large_bytes]
+    return {"links": links, "gamma_s_per_b": model.gamma_s_per_b, "sizes": sizes, "used": used}
 
 
 def measure_here(size: int, timeout: float) -> list[dict]:
@@ -55,6 +59,7 @@ def build_model(launches: list[dict]):
         for t in run["used"]:
             setattr(model, t, topo.LinkCost(*run["links"][t]))
     model.gamma_s_per_b = max(run["gamma_s_per_b"] for run in launches)
+    model.small_bytes, model.large_bytes = launches[0]["sizes"]  # the same probe every launch
     return model
 
 

@@ -8,7 +8,10 @@
 ``Communicator.cost_model`` is the model a live communicator measured at creation, with its
 timed Plans in ``.measured`` (which ``choose`` believes over the link figures at small sizes:
 ``MEASURED_BYTES`` per rank);
-``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads. The worlds they take are
+``save_cost_model`` writes one in the form ``WEFT_TUNE=<file>`` reads. A thorough probe
+(``weft-bench --tune``) also measures each link's beta on a buffer past the caches
+(``beta_large_s_per_b``, at ``large_bytes``); ``at_buffer(model, nbytes)`` is the model at a
+call's size, which ``predict`` and ``choose`` price with. The worlds they take are
 ``weft.topo.Topology`` (topology.py), whose closed-form fields the C++ model reads.
 """
 
@@ -17,6 +20,7 @@ from weft._C.topo import (  # noqa: F401  (re-exported by weft.topo)
     CostModel,
     LinkCost,
     algorithms_for,
+    at_buffer,
     choose,
     load_cost_model,
     predict,

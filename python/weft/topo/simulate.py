@@ -116,8 +116,6 @@ def simulate(
     ``channels`` connection sets per peer (a communicator's WEFT_CHANNELS, 2 by default)."""
     if not isinstance(topology, Topology):
         raise TopologyError(f"simulate needs a topo.Topology, got {type(topology).__name__}")
-    gamma = topology.gamma_s_per_b if gamma_s_per_b is None else gamma_s_per_b
-    network = topology.network()
     p = topology.size
     if isinstance(algo, Algorithm):
         if algo.ranks != p:
@@ -143,8 +141,10 @@ def simulate(
         )
     else:
         raise TypeError(f"simulate takes an Algorithm or a family name, got {type(algo).__name__}")
+    topology = topology.at_buffer(nbytes)  # a calibrated topology's links at this size
+    gamma = topology.gamma_s_per_b if gamma_s_per_b is None else gamma_s_per_b
     raw = _sim.simulate(
-        network,
+        topology.network(),
         programs,
         slice_bytes=slice_bytes,
         slots=slots,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from weft._C import sim as _sim
-from weft._C.topo import CostModel, load_cost_model
+from weft._C.topo import CostModel, at_buffer, load_cost_model
 from weft._C.topo import Topology as _ClosedForm
 
 FORMAT = "weft-topology/1"
@@ -367,7 +367,9 @@ class Topology(_ClosedForm):
         Communicator's ``cost_model`` (measured on its ranks when it was created), a file that
         ``weft-bench --tune`` or ``save_cost_model`` wrote (a path), or the defaults (None).
         Inside a host messages cost the model's shared-memory alpha and 1 / beta, across hosts
-        its tcp figures; its gamma is what ``simulate`` charges for reductions (``model=``)."""
+        its tcp figures; its gamma is what ``simulate`` charges for reductions (``model=``).
+        Where the model has large-buffer betas, ``at_buffer(nbytes)`` gives the links at a
+        call's size (what ``simulate`` runs on); the links here are those of small buffers."""
         if model is None:
             model = CostModel()
         elif isinstance(model, (str, Path)):
@@ -379,6 +381,12 @@ class Topology(_ClosedForm):
         for name, link in (("shm", model.shm), ("tcp", model.tcp)):
             if not (link.alpha_s >= 0 and link.beta_s_per_b > 0):
                 raise TopologyError(f"the cost model's {name} link needs alpha >= 0 and beta > 0")
+        world = cls._calibrated(model, n_hosts, per_host, nics_per_host)
+        world._calibration = (model, n_hosts, per_host, nics_per_host)
+        return world
+
+    @classmethod
+    def _calibrated(cls, model, n_hosts, per_host, nics_per_host) -> Topology:
         world = cls.hosts(
             n_hosts,
             per_host,
@@ -389,6 +397,19 @@ class Topology(_ClosedForm):
         world.name = f"{world.name} calibrated"
         world.gamma_s_per_b = model.gamma_s_per_b
         return world
+
+    _calibration = None  # from_cost_model's arguments
+
+    def at_buffer(self, nbytes: int) -> Topology:
+        """This topology for calls on ``nbytes`` per rank. One that ``from_cost_model`` made
+        from a model with large-buffer betas (``weft-bench --tune`` measures them) gets its
+        links' bandwidths at that size (``at_buffer`` of the model: in-cache up to its
+        small_bytes, from memory from its large_bytes); any other topology is itself.
+        ``simulate`` calls it."""
+        if self._calibration is None or not self._calibration[0].large_bytes:
+            return self
+        model, *shape = self._calibration
+        return self._calibrated(at_buffer(model, nbytes), *shape)
 
     # ---- JSON --------------------------------------------------------------------------------
 

@@ -66,9 +66,9 @@ def call(comm, pattern, rank, size, buf, out):
 
 def rank_main(rank, size, store, rounds):
     comm = weft.Communicator(store, rank, size, name="tcp-patterns", timeout=300, algo="ring")
-    tcp = comm.measure_cost_model(thorough=True)
+    model = comm.measure_cost_model(thorough=True)
     # The tcp beta the model prices each size with (in cache at 4 MiB, past it at 64 MiB).
-    beta = {s: at_buffer(tcp, s).tcp.beta_s_per_b for s in SIZES}
+    beta = {s: at_buffer(model, s).tcp.beta_s_per_b for s in SIZES}
     times: dict[str, dict[int, list[float]]] = {p: {s: [] for s in SIZES} for p in PATTERNS}
     buffers = {s: (np.ones(s // 4, np.float32), np.empty(s // 4, np.float32)) for s in SIZES}
     for _ in range(rounds):

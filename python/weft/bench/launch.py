@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -78,9 +77,7 @@ def count_hosts(store, launcher: Launcher, timeout_s: float = 60) -> int:
 
 def rank_main(rank: int, size: int, store, job: dict) -> dict:
     """One spawned rank (weft.local.spawn): the plan over the launch's variants."""
-    out = run_variants(job, rank, size, store, rank)
-    leave_together(store, rank, size)
-    return out
+    return run_variants(job, rank, size, store, rank)
 
 
 def run_variants(job: dict, rank: int, size: int, store, local_rank: int) -> dict:
@@ -106,14 +103,6 @@ def run_variants(job: dict, rank: int, size: int, store, local_rank: int) -> dic
     for system, _ in variants.values():
         system.close()
     return out
-
-
-def leave_together(store, rank: int, size: int, timeout_s: float = 30) -> None:
-    """Rank 0 hosts the store: it stays until every rank is done with it."""
-    store.add("bench/done", 1)
-    deadline = time.monotonic() + timeout_s
-    while rank == 0 and store.add("bench/done", 0) < size and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 def run_local(kind: str, env: dict, job: dict, size: int, timeout: float, mpirun: str) -> dict:

@@ -16,7 +16,7 @@ from weft.bench import launch
 TRANSPORTS = ("shm", "tcp")
 
 
-def tune_rank(rank: int, size: int, store, job: dict | None = None) -> dict:
+def tune_rank(rank: int, size: int, store) -> dict:
     """One rank: a thorough probe; returns the agreed model and the transports this rank used."""
     import weft
 
@@ -27,8 +27,6 @@ def tune_rank(rank: int, size: int, store, job: dict | None = None) -> dict:
     for t in TRANSPORTS:
         link = getattr(model, t)
         links[t] = [link.alpha_s, link.beta_s_per_b, link.beta_large_s_per_b]
-    if job is not None:  # launched here: rank 0 hosts the store until all are done
-        launch.leave_together(store, rank, size)
     sizes = [model.small_bytes, model.large_bytes]
     return {"links": links, "gamma_s_per_b": model.gamma_s_per_b, "sizes": sizes, "used": used}
 
@@ -41,7 +39,7 @@ def measure_here(size: int, timeout: float) -> list[dict]:
     launches = []
     for transport in TRANSPORTS:
         env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
-        per_rank = local.spawn(tune_rank, size, {}, env=env, timeout=timeout)
+        per_rank = local.spawn(tune_rank, size, env=env, timeout=timeout)
         launches.append(combine(per_rank))
     return launches
 

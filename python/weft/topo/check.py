@@ -199,11 +199,12 @@ def check(
         problems = route_problems(algo, topology, max_errors)
     if not problems and scale < 1:
         problems = [Problem(f"scale {scale} must be at least 1")]
-    if not problems and _modelled_elements(algo) > MODELLED_ELEMENTS:
+    labels = 0 if problems else _modelled_elements(algo)
+    if labels > MODELLED_ELEMENTS:
         problems = [
             Problem(
                 f"the checker labels every element of every rank's buffers, "
-                f"{_modelled_elements(algo)} here, and takes at most {MODELLED_ELEMENTS}: write "
+                f"{labels} here, and takes at most {MODELLED_ELEMENTS}: write "
                 "the Algorithm with a small count, a chunk per element, and let topo.run scale it "
                 "to the buffer (check's scale= counts messages as the executor then cuts them)"
             )

@@ -93,6 +93,13 @@ def test_json_has_the_documented_fields(sweep):
     assert report["format"] == "weft-bench/1"
     assert report["config"]["world_size"] == 2
     assert all(SYSTEM_FIELDS <= set(s) for s in report["systems"])
+    for s in report["systems"]:
+        # weft's buffering, which topo.simulate needs to run the Plans it ran; peers say none.
+        if s["kind"] == "weft":
+            held = s["buffering"]
+            assert set(held) == {"slice_bytes", "step_bytes"} and min(held.values()) > 0, s
+        else:
+            assert "buffering" not in s, s
     for r in report["results"]:
         # weft says which family ran wherever its tuner chooses one (all_to_all has one).
         says = r["system"] == "weft" and r["op"] != "all_to_all"

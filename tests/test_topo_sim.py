@@ -5,7 +5,7 @@ import math
 
 import pytest
 from weft import topo
-from weft.topo import Topology
+from weft.topo import Topology, TopologyError
 
 ALPHA, BETA, GAMMA = 7e-6, 1 / 3e9, 1 / 11e9
 
@@ -254,3 +254,69 @@ def test_imported_msccl_algorithms_simulate_with_a_channel_per_thread_block():
     # through 8 slots, which deadlocks: the error names the channel's own step.
     with pytest.raises(RuntimeError, match=r"rank \d channel \d step \d"):
         topo.simulate(ring8, world, 1 << 20, slice_bytes=4)
+
+
+def pair(link):
+    return Topology(nodes=[("a", "rank", None), ("b", "rank", None)], ranks=[0, 1], links=[link])
+
+
+def test_a_token_bucket_passes_its_burst_then_holds_its_rate():
+    # A 2-rank rd allreduce is one exchange of the buffer; each direction has its own bucket.
+    rate, burst, latency = 1e9, 1 << 20, 1e-6
+    bucket = pair(topo.Link(0, 1, latency, rate, burst_bytes=burst))
+    plain = pair(topo.Link(0, 1, latency, rate))
+
+    def seconds(world, nbytes, calls=1):
+        return topo.simulate("rd", world, nbytes, gamma_s_per_b=0, calls=calls).time_s
+
+    assert seconds(bucket, 512 << 10) == pytest.approx(latency)  # within the burst: at once
+    assert seconds(bucket, 3 << 20) == pytest.approx(latency + (2 << 20) / rate)
+    assert seconds(plain, 3 << 20) == pytest.approx(latency + (3 << 20) / rate)
+    # In a loop of calls the bucket is soon empty: each call then waits for its tokens.
+    assert seconds(bucket, 512 << 10, calls=8) == pytest.approx((512 << 10) / rate, rel=0.01)
+    # An idle link refills: rank 0 sends 768 KiB, reduces for 1 ms, sends 768 KiB again. The
+    # second finds its bucket full again (without the refill it would wait 512 KiB's time).
+    third, gamma = 3 << 16, 1e-9  # elements; 4 B each
+    p = topo.Program("allreduce", ranks=2, count=4 * third, name="apart")
+    p.send(0, to=1, src=p.input[0:third])
+    p.reduce(0, src=p.input[0 : 4 * third], dst=p.scratch[0 : 4 * third])
+    p.send(0, to=1, src=p.input[third : 2 * third])
+    p.recv(1, frm=0, dst=p.output[0:third])
+    p.recv(1, frm=0, dst=p.output[third : 2 * third])
+    r = topo.simulate(p.algorithm(), bucket, gamma_s_per_b=gamma, slice_bytes=1 << 20)
+    assert r.time_s == pytest.approx(16 * third * gamma + latency)
+
+
+def test_ranks_sharing_cpus_take_turns_on_them():
+    # rd on 4 ranks: every rank sends at once, twice. On 2 cores two messages wait their turn.
+    nbytes, cost = 1 << 20, 1e-9
+    mesh = Topology.fully_connected(4, latency_s=0.0, bandwidth_Bps=1e15)
+
+    def seconds(world):
+        return topo.simulate("rd", world, nbytes, gamma_s_per_b=0, slice_bytes=nbytes).time_s
+
+    four = seconds(mesh.sharing_cpus(4, cost))
+    assert four == pytest.approx(2 * nbytes * cost, rel=1e-3)
+    assert seconds(mesh.sharing_cpus(2, cost)) == pytest.approx(2 * four, rel=1e-3)
+    assert seconds(mesh.sharing_cpus(1, cost)) == pytest.approx(4 * four, rel=1e-3)
+    assert seconds(mesh) < four / 100  # ranks in no pool have the CPU they need
+    with pytest.raises(TopologyError, match="CPU pool 0 needs a whole number of cores"):
+        mesh.sharing_cpus(0, cost)
+    with pytest.raises(TopologyError, match="rank 1 is in two CPU pools"):
+        Topology(
+            nodes=mesh.nodes,
+            ranks=mesh.rank_nodes,
+            links=mesh.links,
+            cpus=[topo.CpuPool((0, 1), 1, cost), topo.CpuPool((1, 2), 1, cost)],
+        )
+
+
+def test_a_loop_of_calls_costs_what_one_call_does_where_nothing_carries_over():
+    world = ring(5)
+    one = topo.simulate("ring", world, 5 << 20).time_s
+    loop = topo.simulate("ring", world, 5 << 20, calls=6)
+    assert loop.time_s == pytest.approx(one, rel=0.05)
+    assert loop.messages == topo.simulate("ring", world, 5 << 20).messages
+    for calls in (0, 1.5, True):
+        with pytest.raises(ValueError, match="calls must be a whole number"):
+            topo.simulate("ring", world, 1024, calls=calls)

@@ -83,7 +83,14 @@ def test_closed_form_still_works_and_a_network_feeds_it():
 
 
 def test_json_round_trip(tmp_path):
-    for t in (Topology.hosts(2, 3), Topology.torus((3, 3)), Topology.fat_tree(8, per_leaf=4)):
+    buckets = Topology.hosts(2, 2, nic=(5e-6, 1.25e8, 256 << 10)).sharing_cpus(2, 1e-10)
+    assert {x.burst_bytes for x in buckets.links if x.cls == "nic"} == {256 << 10}
+    for t in (
+        Topology.hosts(2, 3),
+        Topology.torus((3, 3)),
+        Topology.fat_tree(8, per_leaf=4),
+        buckets,
+    ):
         path = tmp_path / "t.json"
         t.save(path)
         back = Topology.load(path)
@@ -106,6 +113,11 @@ def test_json_round_trip(tmp_path):
         (lambda d: d["ranks"].__setitem__(1, True), "rank 1: its node must be an integer"),
         (lambda d: d["ranks"].__setitem__(1, d["ranks"][0]), "two ranks sit on one node"),
         (lambda d: d.update(format="x"), "format 'x'"),
+        (lambda d: d["links"][0].update(burst_bytes=-1), "link 0: burst_bytes must be"),
+        (lambda d: d.update(cpus=[{"ranks": [0], "cores": 0, "s_per_b": 1e-9}]), "cores must"),
+        (lambda d: d.update(cpus=[{"ranks": [0], "cores": 1}]), "CPU pool 0: missing 's_per_b'"),
+        (lambda d: d.update(cpus=[{"ranks": [9], "cores": 1, "s_per_b": 0}]), "names rank 9"),
+        (lambda d: d.update(cpus=[{"ranks": [0], "cores": 1, "s_per_b": -1}]), "s_per_b must"),
     ],
 )
 def test_json_refuses_what_it_does_not_know(tmp_path, edit, message):
@@ -151,6 +163,19 @@ def test_calibration_from_a_cost_model(tmp_path):
         seconds = topo.simulate("ring", t, nbytes).time_s
         as_if_slow = topo.simulate("ring", at_large, nbytes).time_s
         assert seconds == pytest.approx(as_if_slow) if nbytes >= 64 << 20 else seconds < as_if_slow
+    # Local ranks sharing a machine's cores: the probe's beta is what each got with all of them
+    # exchanging at once; on a core of its own a message goes at cores / ranks of that.
+    shared = Topology.from_cost_model(model, 4, 1, machine_cores=2)
+    (pool,) = shared.graph.cpus
+    assert (pool.ranks, pool.cores) == ((0, 1, 2, 3), 2)
+    assert pool.s_per_b == pytest.approx(2 / 4 / 1e9)
+    assert end_to_end(shared, 0, 3) == pytest.approx((40e-6, 2e9))
+    (large,) = shared.at_buffer(1 << 30).graph.cpus  # the large-buffer beta's share
+    assert large.s_per_b == pytest.approx(2 / 4 / 0.5e9)
+    with pytest.raises(TopologyError, match="one machine's ranks talk over one transport"):
+        Topology.from_cost_model(slow, 2, 2, machine_cores=2)
+    tbf = Topology.from_cost_model(slow, 2, 2, nic_burst_bytes=1 << 18)
+    assert {x.burst_bytes for x in tbf.links if x.cls == "nic"} == {1 << 18}
     faster = Topology.hosts(2, 2).with_class("nic", bandwidth_Bps=1e12)
     assert {x.bandwidth_Bps for x in faster.links if x.cls == "nic"} == {1e12}
     with pytest.raises(TopologyError, match="no links of class 'warp'"):

@@ -21,7 +21,7 @@ namespace py = pybind11;
 namespace weft::python {
 namespace {
 
-using LinkTuple = std::tuple<int, int, double, double, bool>;
+using LinkTuple = std::tuple<int, int, double, double, bool, double>;
 // (kind, recv, send, send_bytes, recv_bytes, compute_bytes, wait_sends, channel, after)
 using StepTuple = std::tuple<std::string, int, int, uint64_t, uint64_t, uint64_t, bool, int,
                              std::vector<uint32_t>>;
@@ -81,16 +81,24 @@ void bind_sim(py::module_& parent) {
   py::module_ m = parent.def_submodule("sim", "Event simulation of Plans on a network.");
 
   py::class_<sim::Network>(m, "Network", "Nodes, links and the ranks' nodes.")
-      .def(py::init([](int nodes, std::vector<int> rank_nodes, const std::vector<LinkTuple>& ls) {
+      .def(py::init([](int nodes, std::vector<int> rank_nodes, const std::vector<LinkTuple>& ls,
+                       const std::vector<std::pair<int, double>>& pools,
+                       std::vector<int> rank_pool) {
              std::vector<sim::Link> links;
              links.reserve(ls.size());
-             for (const auto& [a, b, latency, bandwidth, duplex] : ls) {
-               links.push_back({a, b, latency, bandwidth, duplex});
+             for (const auto& [a, b, latency, bandwidth, duplex, burst] : ls) {
+               links.push_back({a, b, latency, bandwidth, duplex, burst});
              }
-             return sim::Network(nodes, std::move(rank_nodes), std::move(links));
+             std::vector<sim::CpuPool> cpus;
+             for (const auto& [cores, s_per_b] : pools) cpus.push_back({cores, s_per_b});
+             return sim::Network(nodes, std::move(rank_nodes), std::move(links), std::move(cpus),
+                                 std::move(rank_pool));
            }),
            py::arg("nodes"), py::arg("rank_nodes"), py::arg("links"),
-           "links: (a, b, latency_s, bandwidth in bytes/s, duplex) tuples.")
+           py::arg("pools") = std::vector<std::pair<int, double>>{},
+           py::arg("rank_pool") = std::vector<int>{},
+           "links: (a, b, latency_s, bandwidth in bytes/s, duplex, burst_bytes) tuples; pools: "
+           "(cores, s_per_b) CPU pools, rank_pool: each rank's pool index or -1 (or empty).")
       .def_property_readonly("ranks", &sim::Network::ranks)
       .def(
           "route",
@@ -156,11 +164,12 @@ void bind_sim(py::module_& parent) {
   m.def(
       "simulate",
       [](const sim::Network& net, const sim::Programs& programs, size_t slice_bytes, int slots,
-         double gamma_s_per_b, size_t trace_limit) {
+         double gamma_s_per_b, size_t trace_limit, int calls, int warmup_calls) {
         sim::SimResult r;
         {
           py::gil_scoped_release release;
-          r = sim::simulate(net, programs, {slice_bytes, slots, gamma_s_per_b, trace_limit});
+          r = sim::simulate(net, programs,
+                            {slice_bytes, slots, gamma_s_per_b, trace_limit, calls, warmup_calls});
         }
         py::list trace;
         for (const sim::WireUse& w : r.trace) {
@@ -168,6 +177,7 @@ void bind_sim(py::module_& parent) {
         }
         py::dict out;
         out["time_s"] = r.time_s;
+        out["warmed_s"] = r.warmed_s;
         out["rank_done"] = std::move(r.rank_done);
         out["hop_bytes"] = std::move(r.hop_bytes);
         out["hop_busy_s"] = std::move(r.hop_busy_s);
@@ -179,9 +189,13 @@ void bind_sim(py::module_& parent) {
       },
       py::arg("network"), py::arg("programs"), py::kw_only(), py::arg("slice_bytes") = 256 << 10,
       py::arg("slots") = 8, py::arg("gamma_s_per_b") = 0.0, py::arg("trace_limit") = 0,
-      "Runs the event simulation; a dict of time_s, rank_done, hop_bytes, hop_busy_s (per hop), "
-      "messages, events, min_route_latency_s, and trace: the first trace_limit wire uses as "
-      "(hop, sending rank, start_s, end_s).");
+      py::arg("calls") = 1, py::arg("warmup_calls") = 0,
+      "Runs the event simulation (`calls` runs of the Programs, back to back on every rank); a "
+      "dict of time_s (the last call's end), warmed_s (the end of the first warmup_calls, on the "
+      "slowest rank), "
+      "rank_done, hop_bytes, hop_busy_s (per hop, over all calls), messages, events, "
+      "min_route_latency_s, and trace: the first trace_limit wire uses as (hop, sending rank, "
+      "start_s, end_s).");
 }
 
 }  // namespace weft::python

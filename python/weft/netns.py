@@ -3,7 +3,9 @@
 Each host is a namespace with one veth link (``eth0``) to a bridge in the root namespace,
 its own loopback, and an address 10.<net>.0.<i+1>/24. Ranks started on a host see only that
 link, so weft talks tcp between hosts and shared memory inside one (``WEFT_HOST_ID`` is set
-per host). ``rate_mbit`` limits each host's link in both directions with ``tc tbf``.
+per host). ``rate_mbit`` limits each host's link in both directions with ``tc tbf``, a token
+bucket of BURST_BYTES: a link that idled passes that much at once before it holds the rate
+(``Topology.from_cost_model(..., nic_burst_bytes=BURST_BYTES)`` simulates such links).
 
 Needs root and ``ip`` (and ``tc`` for a rate); ``unavailable()`` says why not when it can't.
 Used by the multi-host tests and the hierarchical benchmark::
@@ -22,6 +24,8 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
+
+BURST_BYTES = 256 << 10  # tbf's bucket on each rate-limited link
 
 # Names a Hosts in this process: a namespace's links outlive its deletion for a moment, so the
 # next Hosts of the process must not reuse them.
@@ -84,7 +88,7 @@ class Hosts:
     def _limit(self, link: str, ns: str) -> None:
         """tbf on both ends of the host's link: its traffic out and in."""
         rate = f"{self.rate_mbit}mbit"
-        tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
+        tbf = ["tbf", "rate", rate, "burst", str(BURST_BYTES), "latency", "50ms"]
         _run("tc", "qdisc", "add", "dev", link, "root", *tbf)
         _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf)
 

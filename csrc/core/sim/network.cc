@@ -6,9 +6,30 @@
 
 namespace weft::sim {
 
-Network::Network(int nodes, std::vector<int> rank_nodes, std::vector<Link> links)
-    : nodes_(nodes), rank_nodes_(std::move(rank_nodes)), links_(std::move(links)) {
+Network::Network(int nodes, std::vector<int> rank_nodes, std::vector<Link> links,
+                 std::vector<CpuPool> pools, std::vector<int> rank_pool)
+    : nodes_(nodes),
+      rank_nodes_(std::move(rank_nodes)),
+      links_(std::move(links)),
+      pools_(std::move(pools)),
+      rank_pool_(std::move(rank_pool)) {
   if (nodes < 1) throw InvalidArgument("network: needs at least one node");
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (pools_[i].cores < 1 || !(pools_[i].s_per_b >= 0)) {
+      throw InvalidArgument("network: CPU pool " + std::to_string(i) +
+                            " needs cores >= 1 and s_per_b >= 0");
+    }
+  }
+  if (!rank_pool_.empty() && rank_pool_.size() != rank_nodes_.size()) {
+    throw InvalidArgument("network: rank_pool needs one entry per rank (or none)");
+  }
+  for (size_t r = 0; r < rank_pool_.size(); ++r) {
+    if (rank_pool_[r] < -1 || rank_pool_[r] >= static_cast<int>(pools_.size())) {
+      throw InvalidArgument("network: rank " + std::to_string(r) + " is in CPU pool " +
+                            std::to_string(rank_pool_[r]) + ", not -1 or one of 0.." +
+                            std::to_string(static_cast<int>(pools_.size()) - 1));
+    }
+  }
   for (size_t r = 0; r < rank_nodes_.size(); ++r) {
     if (rank_nodes_[r] < 0 || rank_nodes_[r] >= nodes) {
       throw InvalidArgument("network: rank " + std::to_string(r) + " sits on node " +
@@ -24,9 +45,9 @@ Network::Network(int nodes, std::vector<int> rank_nodes, std::vector<Link> links
                             std::to_string(l.a) + " and " + std::to_string(l.b) +
                             ": both must be distinct nodes of 0.." + std::to_string(nodes - 1));
     }
-    if (!(l.latency_s >= 0) || !(l.bandwidth_bps > 0)) {
+    if (!(l.latency_s >= 0) || !(l.bandwidth_bps > 0) || !(l.burst_bytes >= 0)) {
       throw InvalidArgument("network: link " + std::to_string(i) +
-                            " needs latency >= 0 and bandwidth > 0");
+                            " needs latency >= 0, bandwidth > 0 and burst_bytes >= 0");
     }
     ++degree[l.a + 1];
     ++degree[l.b + 1];

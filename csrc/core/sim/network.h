@@ -1,6 +1,11 @@
 // The network a simulation runs on: nodes (ranks, NICs, switches) joined by
 // links with a latency and a bandwidth, full duplex (each direction its own
-// wire) or half duplex (both directions share one). Routes between ranks are
+// wire) or half duplex (both directions share one). A link can be a token
+// bucket, as a rate limiter is (tc's tbf, a cloud instance's bandwidth
+// allowance): its bandwidth is the sustained rate, and up to burst_bytes
+// saved up while it idled pass at the pace of the hops before it. Ranks can
+// share CPUs (a machine's cores, CpuPool): a message then costs its sender's
+// pool CPU time before (cut-through with) its wires. Routes between ranks are
 // shortest paths in hops, found by a bidirectional breadth-first search and
 // the same every time (ties are broken by a hash of the two ranks and a
 // salt, the channel's tag, so that equal paths through a fat tree's spines,
@@ -18,6 +23,15 @@ struct Link {
   double latency_s = 0;
   double bandwidth_bps = 1;  // bytes per second
   bool duplex = true;
+  double burst_bytes = 0;  // the bucket (0: a plain link)
+};
+
+// Cores that ranks share: every message a rank of the pool sends takes one of
+// them (the one free soonest) for bytes x s_per_b, the copies a socket costs
+// its sender and receiver on one machine. Ranks in no pool send for free.
+struct CpuPool {
+  int cores = 1;
+  double s_per_b = 0;
 };
 
 // One link crossed in one direction: link * 2 + (0 from a to b, 1 from b to a).
@@ -26,14 +40,18 @@ inline uint32_t link_of(Hop h) { return h >> 1; }
 
 class Network {
  public:
-  // rank_nodes[r] is the node of rank r. Throws InvalidArgument naming a
-  // link or rank that is out of range.
-  Network(int nodes, std::vector<int> rank_nodes, std::vector<Link> links);
+  // rank_nodes[r] is the node of rank r; rank_pool[r] its index in pools,
+  // or -1 (empty: none in a pool). Throws InvalidArgument naming a link,
+  // pool or rank that is out of range.
+  Network(int nodes, std::vector<int> rank_nodes, std::vector<Link> links,
+          std::vector<CpuPool> pools = {}, std::vector<int> rank_pool = {});
 
   int ranks() const { return static_cast<int>(rank_nodes_.size()); }
   int nodes() const { return nodes_; }
   const std::vector<Link>& links() const { return links_; }
   const Link& link(Hop h) const { return links_[link_of(h)]; }
+  const std::vector<CpuPool>& pools() const { return pools_; }
+  int pool_of(int rank) const { return rank_pool_.empty() ? -1 : rank_pool_[rank]; }
   // What a hop waits for: its own direction, or the link's one wire.
   uint32_t wire(Hop h) const { return links_[link_of(h)].duplex ? h : h & ~1u; }
 
@@ -45,6 +63,8 @@ class Network {
   int nodes_;
   std::vector<int> rank_nodes_;
   std::vector<Link> links_;
+  std::vector<CpuPool> pools_;
+  std::vector<int> rank_pool_;
   // Adjacency in CSR form: node u's neighbours are adj_[start_[u] .. start_[u+1]),
   // each a hop leaving u.
   std::vector<uint32_t> start_;

@@ -48,8 +48,11 @@ class Sim {
       throw InvalidArgument("simulate: the topology has " + std::to_string(net.ranks()) +
                             " ranks and the algorithm " + std::to_string(programs.ranks()));
     }
-    if (opt_.slice_bytes < 1 || opt_.slots < 1 || !(opt_.gamma_s_per_b >= 0)) {
-      throw InvalidArgument("simulate: needs slice_bytes >= 1, slots >= 1 and gamma >= 0");
+    if (opt_.slice_bytes < 1 || opt_.slots < 1 || opt_.calls < 1 || opt_.warmup_calls < 0 ||
+        opt_.warmup_calls >= opt_.calls || !(opt_.gamma_s_per_b >= 0)) {
+      throw InvalidArgument(
+          "simulate: needs slice_bytes >= 1, slots >= 1, 0 <= warmup_calls < calls and "
+          "gamma >= 0");
     }
     const auto& keys = prog_.conns();
     conns_.resize(keys.size());
@@ -75,10 +78,16 @@ class Sim {
     }
     const size_t hops = 2 * net.links().size();
     free_at_.assign(hops, 0);
+    token_stamp_.assign(hops, 0);
+    for (const CpuPool& pool : net.pools()) core_free_.emplace_back(pool.cores, 0.0);
+    tokens_.resize(hops);
+    for (size_t h = 0; h < hops; ++h) tokens_[h] = net.link(static_cast<Hop>(h)).burst_bytes;
     result_.hop_bytes.assign(hops, 0);
     result_.hop_busy_s.assign(hops, 0);
     last_arrival_.assign(prog_.ranks(), 0);
     result_.rank_done.assign(prog_.ranks(), 0);
+    calls_done_.assign(prog_.ranks(), 0);
+    channels_left_.resize(prog_.ranks());
     first_proc_.push_back(0);
     for (int r = 0; r < prog_.ranks(); ++r) {
       for (int c = 0; c < prog_.channels_of(r); ++c) {
@@ -88,6 +97,7 @@ class Sim {
         procs_.push_back(p);
       }
       first_proc_.push_back(static_cast<uint32_t>(procs_.size()));
+      channels_left_[r] = prog_.channels_of(r);
       if (prog_.any_after(r)) done_at_[r].assign(prog_.steps_of(r), -1);
     }
   }
@@ -153,13 +163,24 @@ class Sim {
   void post(uint32_t c, uint64_t bytes, double t, int rank) {
     Conn& conn = conns_[c];
     double head = t, tail = t;
+    if (const int pool = net_.pool_of(rank); pool >= 0) {
+      std::vector<double>& cores = core_free_[pool];
+      double& core = *std::min_element(cores.begin(), cores.end());
+      head = std::max(t, core);
+      tail = core = head + static_cast<double>(bytes) * net_.pools()[pool].s_per_b;
+    }
     for (uint32_t i = 0; i < conn.route_len; ++i) {
       const Hop h = routes_[conn.route_first + i];
       const Link& l = net_.link(h);
-      double& free = free_at_[net_.wire(h)];
-      const double busy = static_cast<double>(bytes) / l.bandwidth_bps;
+      const uint32_t w = net_.wire(h);
+      double& free = free_at_[w];
       const double start = std::max(head, free);
+      const double size = static_cast<double>(bytes);
+      const double saved = l.burst_bytes > 0 ? tokens_at(w, l, start) : 0;
+      // What the saved tokens do not cover goes at the link's rate.
+      const double busy = std::max(0.0, size - saved) / l.bandwidth_bps;
       const double end = std::max(start + busy, tail);
+      if (l.burst_bytes > 0) spend_tokens(w, l, saved, size, start, end);
       free = end;
       result_.hop_bytes[h] += static_cast<double>(bytes);
       result_.hop_busy_s[h] += busy;
@@ -176,6 +197,18 @@ class Sim {
       conn.recv_waiter = -1;
       schedule(w, tail);
     }
+  }
+
+  // A token-bucket wire's tokens at t (it refills at its rate while idle).
+  double tokens_at(uint32_t w, const Link& l, double t) const {
+    return std::min(l.burst_bytes, tokens_[w] + (t - token_stamp_[w]) * l.bandwidth_bps);
+  }
+  // A message of `size` bytes crossed from start to end with `saved` tokens
+  // there at its start; tokens kept coming at the rate meanwhile.
+  void spend_tokens(uint32_t w, const Link& l, double saved, double size, double start,
+                    double end) {
+    tokens_[w] = std::clamp(saved - size + (end - start) * l.bandwidth_bps, 0.0, l.burst_bytes);
+    token_stamp_[w] = end;
   }
 
   // Whether message `received` of connection c is here at t; if not, arranges
@@ -279,6 +312,26 @@ class Sim {
     if (!p.done) {
       p.done = true;
       result_.rank_done[r] = std::max(result_.rank_done[r], t);
+      if (--channels_left_[r] == 0) end_call(r);
+    }
+  }
+
+  // Rank r's channels are all done with a call: the next one, if any, starts
+  // on all of them now, as a loop of calls does.
+  void end_call(int r) {
+    const double t = result_.rank_done[r];
+    if (++calls_done_[r] == opt_.warmup_calls) result_.warmed_s = std::max(result_.warmed_s, t);
+    if (calls_done_[r] == opt_.calls) return;
+    channels_left_[r] = prog_.channels_of(r);
+    if (auto d = done_at_.find(r); d != done_at_.end()) {
+      std::fill(d->second.begin(), d->second.end(), -1.0);
+    }
+    for (uint32_t pid = first_proc_[r]; pid < first_proc_[r + 1]; ++pid) {
+      Proc& q = procs_[pid];
+      q.done = q.started = false;
+      q.pos = q.sent = q.received = 0;
+      q.clock = t;
+      schedule(pid, t);
     }
   }
 
@@ -326,10 +379,14 @@ class Sim {
   std::vector<Conn> conns_;
   std::vector<double> arrival_;  // slots per connection, a ring of arrival times
   std::vector<Hop> routes_;
-  std::vector<double> free_at_;  // per wire
+  std::vector<double> free_at_;                 // per wire
+  std::vector<std::vector<double>> core_free_;  // per CPU pool, per core
+  // Token buckets, per wire: tokens at token_stamp_ (full at the start).
+  std::vector<double> tokens_, token_stamp_;
   std::vector<double> last_arrival_;
   std::vector<Proc> procs_;
   std::vector<uint32_t> first_proc_;
+  std::vector<int> calls_done_, channels_left_;           // per rank, in the current call
   std::unordered_map<int, std::vector<double>> done_at_;  // ranks with `after`: step -> end
   std::unordered_map<int, std::vector<uint32_t>> dep_waiters_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;

@@ -276,6 +276,8 @@ def build_report(entries, runs, plan, args, size, launcher, argv) -> dict:
             refused = {op: why for run in runs[e.name] for op, why in run["refused"].items()}
             notes = {n for run in runs[e.name] for n in run["unsupported"]}
             e.info.update(refused=refused, unsupported=sorted(notes))
+            if runs[e.name][0]["buffering"]:
+                e.info["buffering"] = runs[e.name][0]["buffering"]
             records += results.finish(e.name, runs[e.name], plan, size)
     weft_names = [e.name for e in entries if e.kind == "weft"]
     peers = [e.name for e in entries if e.kind != "weft"]

@@ -47,6 +47,11 @@ class System:
         or not, where it says."""
         return None
 
+    def buffering(self) -> dict:
+        """What the system's connections hold, where it says (weft: the largest message and a
+        Plan step's budget, which a simulation of its Plans needs; docs/benchmark.md)."""
+        return {}
+
     def trying(self, op: str, block_bytes: int, in_place: bool) -> bool:
         """Whether the next calls of `op` at `block_bytes`, in place or not, are still the
         system's own trials of algorithms (weft's tuner tries families on its first calls at
@@ -55,6 +60,12 @@ class System:
 
     def close(self) -> None:
         pass
+
+
+def weft_buffering(comm) -> dict:
+    """A communicator's messages (at most slice_bytes) and step budget (step_bytes: half of
+    what a connection holds in flight), as it agreed on them with its peers."""
+    return {"slice_bytes": comm.topology.slice_bytes, "step_bytes": comm.topology.step_bytes}
 
 
 class Weft(System):
@@ -104,6 +115,9 @@ class Weft(System):
 
     def barrier(self):
         self.comm.barrier()
+
+    def buffering(self):
+        return weft_buffering(self.comm)
 
     def algorithm(self, op, block_bytes, in_place):
         """The tuner's choice, for the collectives it chooses for (weft.algorithms lists
@@ -170,6 +184,9 @@ class WeftAlgorithm(System):
 
     def barrier(self):
         self.comm.barrier()
+
+    def buffering(self):
+        return weft_buffering(self.comm)
 
     def algorithm(self, op, block_bytes, in_place):
         return self.algo.name

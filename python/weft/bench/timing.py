@@ -55,12 +55,16 @@ def run_plan(
     (system, the ops it runs). Several variants take turns at each (op, size, form), so that
     the launch's conditions are the same for all of them.
 
-    Returns name -> {"records": [...], "refused": {op: reason}, "unsupported": [reasons]};
+    Returns name -> {"records": [...], "refused": {op: reason}, "unsupported": [reasons],
+    "buffering": System.buffering()};
     the records come in the same order on every rank. `step()` is called once per (op, size)
     of each variant.
     """
     torch.set_num_threads(1)
-    outs = {name: {"records": [], "refused": {}, "unsupported": []} for name in variants}
+    outs = {
+        name: {"records": [], "refused": {}, "unsupported": [], "buffering": system.buffering()}
+        for name, (system, _) in variants.items()
+    }
     for op_name in plan["ops"]:
         op = ops.OPS[op_name]
         elem_size = ops.DTYPES[plan["dtype"]].itemsize

@@ -49,7 +49,7 @@ from weft.topo.dsl import Program, StepRef
 from weft.topo.msccl import load_msccl
 from weft.topo.run import prepare, run
 from weft.topo.simulate import SimResult, simulate
-from weft.topo.topology import Link, Topology, TopologyError, load_topology
+from weft.topo.topology import CpuPool, Link, Topology, TopologyError, load_topology
 
 __all__ = [
     "FAMILIES",
@@ -58,6 +58,7 @@ __all__ = [
     "AlgorithmError",
     "Channel",
     "CostModel",
+    "CpuPool",
     "Link",
     "LinkCost",
     "Problem",

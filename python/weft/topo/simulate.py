@@ -9,7 +9,8 @@ The simulation (csrc/core/sim/) runs the Plans with the CPU executor's semantics
 in order, a rank's channels concurrently (waiting where a step's deps say), steps streamed in
 messages of at most the slice, each message taking a slot of its connection until the receiver
 has consumed it, on links that carry one message at a time per direction (cut-through, in the
-order they were sent). Reductions cost gamma a byte; copies are free. Built-in Plans are made in
+order they were sent; a token-bucket link passes what it saved while idle at once, then holds
+its rate). Reductions cost gamma a byte; copies are free. Built-in Plans are made in
 C++ rank by rank by the same code a communicator plans with, and kept in eight bytes a step.
 
 The result's lower bounds are those any algorithm of the collective pays on the topology: latency
@@ -103,6 +104,7 @@ def simulate(
     gamma_s_per_b: float | None = None,
     trace_limit: int = 0,
     channels: int = 2,
+    calls: int = 1,
 ) -> SimResult:
     """Simulates ``algo`` on ``topology`` for calls of ``nbytes`` (the count a call passes, in
     bytes: per rank for allreduce, per block for reduce_scatter, allgather and alltoall).
@@ -113,7 +115,13 @@ def simulate(
     Algorithm at its own size to what it was planned for (``slot_bytes``, ``slots``); gamma
     (seconds a byte reduced) to the topology's. ``trace_limit``: keep the first that many wire
     uses in ``result.trace`` (hop, sending rank, start_s, end_s). A built-in is planned for
-    ``channels`` connection sets per peer (a communicator's WEFT_CHANNELS, 2 by default)."""
+    ``channels`` connection sets per peer (a communicator's WEFT_CHANNELS, 2 by default).
+    ``calls`` > 1 runs that many calls back to back on every rank, as a benchmark's loop does,
+    the first half of them a warm-up: ``time_s`` is then the mean of the second half (per-hop
+    figures and ``messages`` per call, averaged over all), which is what a token-bucket link
+    (``Link.burst_bytes``) gives in a loop rather than from idle."""
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"simulate: calls must be a whole number >= 1, got {calls!r}")
     if not isinstance(topology, Topology):
         raise TopologyError(f"simulate needs a topo.Topology, got {type(topology).__name__}")
     p = topology.size
@@ -150,8 +158,10 @@ def simulate(
         slots=slots,
         gamma_s_per_b=gamma,
         trace_limit=trace_limit,
+        calls=calls,
+        warmup_calls=calls // 2,
     )
-    time_s = raw["time_s"]
+    time_s = (raw["time_s"] - raw["warmed_s"]) / (calls - calls // 2)
     bounds = _bounds(collective, p, nbytes, topology, raw["min_route_latency_s"])
     algbw = nbytes / time_s if time_s > 0 else math.inf
     return SimResult(
@@ -162,12 +172,12 @@ def simulate(
         time_s=time_s,
         algbw=algbw,
         busbw=algbw * BUS_FACTOR.get(collective, lambda p: 1.0)(p),
-        messages=raw["messages"],
+        messages=raw["messages"] // calls,
         bounds=bounds,
         fraction={k: (v / time_s if time_s > 0 else 1.0) for k, v in bounds.items()},
         rank_done_s=raw["rank_done"],
-        hop_bytes=raw["hop_bytes"],
-        hop_busy_s=raw["hop_busy_s"],
+        hop_bytes=[b / calls for b in raw["hop_bytes"]],
+        hop_busy_s=[b / calls for b in raw["hop_busy_s"]],
         topology=topology,
         trace=raw["trace"],
     )

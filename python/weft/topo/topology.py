@@ -51,6 +51,22 @@ class Link:
     bandwidth_Bps: float  # bytes per second
     duplex: bool = True  # each direction its own wire; False: both share one
     cls: str = "link"  # the link's class, which calibration sets as one
+    # A token bucket (a rate limiter: tc's tbf, a cloud instance's bandwidth allowance): the
+    # bytes saved up while the link idled, which then pass at the pace of the hops before it;
+    # bandwidth_Bps is the rate it refills at and sustains. 0: a plain link.
+    burst_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class CpuPool:
+    """Cores that ranks share, as one machine's: every message one of ``ranks`` sends first
+    takes one of ``cores`` (the one free soonest) for bytes x ``s_per_b``, what a socket's copies
+    cost the machine, and crosses its wires cut-through behind it. Ranks in no pool send for
+    free (each has the CPU it needs)."""
+
+    ranks: tuple[int, ...]
+    cores: int
+    s_per_b: float
 
 
 class _BuilderOrField:
@@ -91,9 +107,11 @@ class Topology(_ClosedForm):
         nodes: list[tuple[str, str, int | None]] | None = None,
         ranks: list[int] | None = None,
         links: list[Link] | None = None,
+        cpus: list[CpuPool] | None = None,
     ):
         """Closed form: ``Topology(size=..., hosts=...)`` as before. A network: ``nodes`` as
-        (name, kind, host or None), ``ranks`` the node of each rank, ``links``."""
+        (name, kind, host or None), ``ranks`` the node of each rank, ``links``, and ``cpus``
+        the CpuPools ranks share, if any."""
         if nodes is None:
             if size is None:
                 raise TopologyError("Topology needs size= (closed form) or nodes=, ranks=, links=")
@@ -103,7 +121,7 @@ class Topology(_ClosedForm):
             self._graph = None
             self.name = name or f"closed form: {size} ranks on {hosts} host(s)"
             return
-        graph = _Graph(list(nodes), list(ranks or []), list(links or []))
+        graph = _Graph(list(nodes), list(ranks or []), list(links or []), list(cpus or []))
         graph.validate()
         host_of = graph.rank_hosts()
         layout = Counter(host_of)
@@ -201,10 +219,17 @@ class Topology(_ClosedForm):
             nodes=changes.get("nodes", g.nodes),
             ranks=changes.get("ranks", g.ranks),
             links=changes.get("links", g.links),
+            cpus=changes.get("cpus", g.cpus),
             name=self.name,
             step_bytes=self.step_bytes,
             slice_bytes=self.slice_bytes,
         )
+
+    def sharing_cpus(self, cores: int, s_per_b: float) -> Topology:
+        """A copy whose ranks all share one machine's ``cores`` (CpuPool): every message costs
+        its sender bytes x ``s_per_b`` on one of them."""
+        pool = CpuPool(tuple(range(self.size)), cores, s_per_b)
+        return self._copy(cpus=[pool])
 
     def __repr__(self) -> str:
         if self._graph is None:
@@ -306,16 +331,18 @@ class Topology(_ClosedForm):
         per_host: int = 8,
         *,
         nvlink: tuple[float, float] = NVLINK,
-        nic: tuple[float, float] = NIC,
+        nic: tuple[float, ...] = NIC,
         nics_per_host: int = 1,
     ) -> Topology:
         """``n_hosts`` hosts of ``per_host`` ranks: inside a host every rank on the host's NVLink
         switch; outside, the host's NICs (``nics_per_host``, ranks sharing them in turn) on one
         network switch. ``nvlink`` and ``nic`` are (latency_s, bandwidth_Bps) rank to rank:
         inside a host a message pays nvlink's latency, across hosts nic's, at the slower
-        bandwidth on its path."""
+        bandwidth on its path. A third figure in ``nic``, burst_bytes, makes each NIC's link a
+        token bucket (``Link.burst_bytes``)."""
         _need(n_hosts >= 1 and per_host >= 1, "hosts needs n_hosts >= 1 and per_host >= 1")
         _need(1 <= nics_per_host <= per_host, "hosts needs 1 <= nics_per_host <= per_host")
+        burst = _nic_burst(nic)
         b = _Builder()
         net = b.node("switch", "switch") if n_hosts > 1 else None
         for h in range(n_hosts):
@@ -326,7 +353,7 @@ class Topology(_ClosedForm):
             for i in range(nics_per_host if net is not None else 0):
                 nic_node = b.node(f"host{h}.nic{i}", "nic", h)
                 b.link(sw, nic_node, 0.0, nvlink[1], "pcie")
-                b.link(nic_node, net, max(0.0, nic[0] - nvlink[0]) / 2, nic[1], "nic")
+                b.link(nic_node, net, max(0.0, nic[0] - nvlink[0]) / 2, nic[1], "nic", burst)
         return b.build(f"hosts({n_hosts}, {per_host})")
 
     hosts = _BuilderOrField("hosts", _hosts)
@@ -338,12 +365,14 @@ class Topology(_ClosedForm):
         per_host: int = 8,
         *,
         nvlink: tuple[float, float] = NVLINK,
-        nic: tuple[float, float] = NIC,
+        nic: tuple[float, ...] = NIC,
     ) -> Topology:
         """Hosts of ``per_host`` ranks on an NVLink switch, each rank with its own NIC on the
         rail switch of its local index, the rails joined by a spine: local index g talks to g on
-        other hosts through rail g alone. Figures as for ``hosts``."""
+        other hosts through rail g alone. Figures as for ``hosts`` (a burst, on the NICs'
+        links)."""
         _need(n_hosts >= 1 and per_host >= 1, "rail_optimized needs n_hosts, per_host >= 1")
+        burst = _nic_burst(nic)
         b = _Builder()
         rails = [b.node(f"rail{g}", "switch") for g in range(per_host)]
         spine = b.node("spine", "switch")
@@ -356,12 +385,19 @@ class Topology(_ClosedForm):
                 b.link(r, sw, nvlink[0] / 2, nvlink[1], "nvlink")
                 nic_node = b.node(f"host{h}.nic{g}", "nic", h)
                 b.link(r, nic_node, nvlink[0] / 2, nvlink[1], "pcie")
-                b.link(nic_node, rails[g], max(0.0, nic[0] - nvlink[0]) / 2, nic[1], "nic")
+                b.link(nic_node, rails[g], max(0.0, nic[0] - nvlink[0]) / 2, nic[1], "nic", burst)
         return b.build(f"rail_optimized({n_hosts}, {per_host})")
 
     @classmethod
     def from_cost_model(
-        cls, model=None, n_hosts: int = 1, per_host: int = 2, *, nics_per_host: int = 1
+        cls,
+        model=None,
+        n_hosts: int = 1,
+        per_host: int = 2,
+        *,
+        nics_per_host: int = 1,
+        nic_burst_bytes: float = 0.0,
+        machine_cores: int = 0,
     ) -> Topology:
         """``Topology.hosts(n_hosts, per_host)`` with link figures from a cost model: a
         Communicator's ``cost_model`` (measured on its ranks when it was created), a file that
@@ -369,7 +405,16 @@ class Topology(_ClosedForm):
         Inside a host messages cost the model's shared-memory alpha and 1 / beta, across hosts
         its tcp figures; its gamma is what ``simulate`` charges for reductions (``model=``).
         Where the model has large-buffer betas, ``at_buffer(nbytes)`` gives the links at a
-        call's size (what ``simulate`` runs on); the links here are those of small buffers."""
+        call's size (what ``simulate`` runs on); the links here are those of small buffers.
+        ``nic_burst_bytes``: the hosts' links are token buckets of that size (rate limiters,
+        as ``weft.netns`` hosts' are), which the model's betas do not say.
+
+        ``machine_cores``: every rank runs on one machine of that many cores (local ranks: hosts
+        of one rank over tcp, or one host over shared memory). The probe measured the betas
+        with every rank exchanging at once, so where ranks outnumber cores a beta is what a
+        rank gets while the others take turns on the cores: each message then costs its
+        sender beta x min(cores, ranks) / ranks on one of the cores (a CpuPool), the rate a
+        message gets on a core of its own, which the links take too."""
         if model is None:
             model = CostModel()
         elif isinstance(model, (str, Path)):
@@ -381,19 +426,40 @@ class Topology(_ClosedForm):
         for name, link in (("shm", model.shm), ("tcp", model.tcp)):
             if not (link.alpha_s >= 0 and link.beta_s_per_b > 0):
                 raise TopologyError(f"the cost model's {name} link needs alpha >= 0 and beta > 0")
-        world = cls._calibrated(model, n_hosts, per_host, nics_per_host)
-        world._calibration = (model, n_hosts, per_host, nics_per_host)
+        if machine_cores:
+            _need(
+                isinstance(machine_cores, int) and machine_cores >= 1,
+                f"machine_cores must be a whole number >= 1, got {machine_cores!r}",
+            )
+            _need(
+                n_hosts == 1 or per_host == 1,
+                "machine_cores: one machine's ranks talk over one transport (hosts of one rank "
+                "over tcp, or one host over shared memory)",
+            )
+        shape = (n_hosts, per_host, nics_per_host, nic_burst_bytes, machine_cores)
+        world = cls._calibrated(model, *shape)
+        world._calibration = (model, *shape)
         return world
 
     @classmethod
-    def _calibrated(cls, model, n_hosts, per_host, nics_per_host) -> Topology:
+    def _calibrated(
+        cls, model, n_hosts, per_host, nics_per_host, nic_burst_bytes, machine_cores
+    ) -> Topology:
+        shm, tcp = model.shm.beta_s_per_b, model.tcp.beta_s_per_b
+        ranks = n_hosts * per_host
+        share = min(machine_cores, ranks) / ranks if machine_cores else 1.0
+        on_a_core = (tcp if n_hosts > 1 else shm) * share  # a message's CPU seconds per byte
+        if machine_cores:
+            shm, tcp = (shm, on_a_core) if n_hosts > 1 else (on_a_core, tcp)
         world = cls.hosts(
             n_hosts,
             per_host,
-            nvlink=(model.shm.alpha_s, 1 / model.shm.beta_s_per_b),
-            nic=(model.tcp.alpha_s, 1 / model.tcp.beta_s_per_b),
+            nvlink=(model.shm.alpha_s, 1 / shm),
+            nic=(model.tcp.alpha_s, 1 / tcp, nic_burst_bytes),
             nics_per_host=nics_per_host,
         )
+        if machine_cores:
+            world = world.sharing_cpus(machine_cores, on_a_core)
         world.name = f"{world.name} calibrated"
         world.gamma_s_per_b = model.gamma_s_per_b
         return world
@@ -433,9 +499,18 @@ class Topology(_ClosedForm):
                     "duplex": link.duplex,
                     "class": link.cls,
                 }
+                | ({"burst_bytes": link.burst_bytes} if link.burst_bytes else {})
                 for link in g.links
             ],
-        }
+        } | (
+            {
+                "cpus": [
+                    {"ranks": list(p.ranks), "cores": p.cores, "s_per_b": p.s_per_b} for p in g.cpus
+                ]
+            }
+            if g.cpus
+            else {}
+        )
 
     def save(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
@@ -463,11 +538,20 @@ def _need(ok, what: str) -> None:
         raise TopologyError(what)
 
 
+def _nic_burst(nic: tuple) -> float:
+    """A builder's nic figures: (latency_s, bandwidth_Bps) and, optionally, burst_bytes."""
+    _need(len(nic) in (2, 3), f"nic is (latency_s, bandwidth_Bps[, burst_bytes]), got {nic!r}")
+    burst = nic[2] if len(nic) == 3 else 0.0
+    _need(math.isfinite(burst) and burst >= 0, f"a nic's burst_bytes must be >= 0, got {burst!r}")
+    return float(burst)
+
+
 class _Graph:
-    def __init__(self, nodes, ranks, links):
+    def __init__(self, nodes, ranks, links, cpus=()):
         self.nodes = nodes
         self.ranks = ranks
         self.links = links
+        self.cpus = list(cpus)
         self._network = None
 
     def validate(self) -> None:
@@ -487,9 +571,23 @@ class _Graph:
                 f"link {i} joins nodes {link.a} and {link.b}: two distinct nodes of 0..{n - 1}",
             )
             _need(
-                link.latency_s >= 0 and link.bandwidth_Bps > 0,
-                f"link {i} needs latency_s >= 0 and bandwidth_Bps > 0",
+                link.latency_s >= 0 and link.bandwidth_Bps > 0 and link.burst_bytes >= 0,
+                f"link {i} needs latency_s >= 0, bandwidth_Bps > 0 and burst_bytes >= 0",
             )
+        pooled = set()
+        for i, pool in enumerate(self.cpus):
+            _need(
+                isinstance(pool.cores, int) and pool.cores >= 1,
+                f"CPU pool {i} needs a whole number of cores >= 1, got {pool.cores!r}",
+            )
+            _need(
+                math.isfinite(pool.s_per_b) and pool.s_per_b >= 0,
+                f"CPU pool {i} needs s_per_b finite and >= 0, got {pool.s_per_b!r}",
+            )
+            for r in pool.ranks:
+                _need(0 <= r < len(self.ranks), f"CPU pool {i} names rank {r}, not a rank")
+                _need(r not in pooled, f"rank {r} is in two CPU pools")
+                pooled.add(r)
 
     def rank_hosts(self) -> list[int]:
         """A host index per rank; a rank outside any host is a host of its own."""
@@ -506,9 +604,23 @@ class _Graph:
             self._network = _sim.Network(
                 len(self.nodes),
                 self.ranks,
-                [(x.a, x.b, x.latency_s, x.bandwidth_Bps, x.duplex) for x in self.links],
+                [
+                    (x.a, x.b, x.latency_s, x.bandwidth_Bps, x.duplex, x.burst_bytes)
+                    for x in self.links
+                ],
+                [(pool.cores, pool.s_per_b) for pool in self.cpus],
+                self._rank_pools(),
             )
         return self._network
+
+    def _rank_pools(self) -> list[int]:
+        if not self.cpus:
+            return []
+        of = [-1] * len(self.ranks)
+        for i, pool in enumerate(self.cpus):
+            for r in pool.ranks:
+                of[r] = i
+        return of
 
     def cut_bandwidth(self) -> float:
         """Bandwidth (per direction) of the links between the ranks' two halves (ranks below
@@ -545,16 +657,19 @@ class _Builder:
         self.ranks.append(self.node(name, "rank", host))
         return self.ranks[-1]
 
-    def link(self, a, b, latency_s, bandwidth_Bps, cls) -> None:
-        self.links.append(Link(a, b, float(latency_s), float(bandwidth_Bps), True, cls))
+    def link(self, a, b, latency_s, bandwidth_Bps, cls, burst_bytes=0.0) -> None:
+        self.links.append(
+            Link(a, b, float(latency_s), float(bandwidth_Bps), True, cls, float(burst_bytes))
+        )
 
     def build(self, name) -> Topology:
         return Topology(nodes=self.nodes, ranks=self.ranks, links=self.links, name=name)
 
 
-TOP_KEYS = {"format", "name", "step_bytes", "slice_bytes", "nodes", "ranks", "links"}
+TOP_KEYS = {"format", "name", "step_bytes", "slice_bytes", "nodes", "ranks", "links", "cpus"}
+CPU_KEYS = {"ranks", "cores", "s_per_b"}
 NODE_KEYS = {"name", "kind", "host"}
-LINK_KEYS = {"a", "b", "latency_s", "bandwidth_Bps", "duplex", "class"}
+LINK_KEYS = {"a", "b", "latency_s", "bandwidth_Bps", "duplex", "class", "burst_bytes"}
 
 
 def _parse(data, source: str) -> Topology:
@@ -613,6 +728,9 @@ def _parse(data, source: str) -> Topology:
             fail(where, f"latency_s must be finite and >= 0, got {latency!r}")
         if not (math.isfinite(bandwidth) and bandwidth > 0):
             fail(where, f"bandwidth_Bps must be finite and > 0, got {bandwidth!r}")
+        burst = get(ld, "burst_bytes", (int, float), where, 0.0, optional=True)
+        if not (math.isfinite(burst) and burst >= 0):
+            fail(where, f"burst_bytes must be finite and >= 0, got {burst!r}")
         links.append(
             Link(
                 integer(get(ld, "a", (int,), where), where, "a"),
@@ -621,6 +739,22 @@ def _parse(data, source: str) -> Topology:
                 float(bandwidth),
                 get(ld, "duplex", (bool,), where, True, optional=True),
                 get(ld, "class", (str,), where, "link", optional=True),
+                float(burst),
+            )
+        )
+    cpus = []
+    for i, cd in enumerate(get(data, "cpus", (list,), "top level", [], optional=True)):
+        where = f"CPU pool {i}"
+        obj(cd, CPU_KEYS, where)
+        members = get(cd, "ranks", (list,), where)
+        cost = get(cd, "s_per_b", (int, float), where)
+        if not (math.isfinite(cost) and cost >= 0):
+            fail(where, f"s_per_b must be finite and >= 0, got {cost!r}")
+        cpus.append(
+            CpuPool(
+                tuple(integer(r, where, "a rank") for r in members),
+                integer(get(cd, "cores", (int,), where), where, "cores", 1),
+                float(cost),
             )
         )
     step_bytes = integer(
@@ -640,6 +774,7 @@ def _parse(data, source: str) -> Topology:
             nodes=nodes,
             ranks=ranks,
             links=links,
+            cpus=cpus,
             name=get(data, "name", (str,), "top level", "network", optional=True),
             step_bytes=step_bytes,
             slice_bytes=slice_bytes,

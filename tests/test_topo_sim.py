@@ -211,6 +211,10 @@ def test_command_line_simulate_and_draw(tmp_path, capsys):
     assert "ring allreduce of 2400 B on 6 ranks" in out and out.count(" -> ") == 2
     assert main(["simulate", "rhd", "--topology", "hosts:2x4", "--bytes", "64K"]) == 0
     assert "rhd allreduce of 65536 B on 8 ranks" in capsys.readouterr().out
+    assert (
+        main(["simulate", "tree", "--topology", "hosts:2x2", "--bytes", "1M", "--calls", "4"]) == 0
+    )
+    assert "tree allreduce of 1048576 B on 4 ranks" in capsys.readouterr().out
     assert main(["simulate", str(path), "--topology", "ring:5"]) == 1
     assert "has 6 ranks, the topology 5" in capsys.readouterr().err
     with pytest.raises(SystemExit):

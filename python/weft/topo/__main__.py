@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--slots", type=int, help="messages in flight per connection")
     sim.add_argument("--slice-bytes", type=size_arg, help="the largest message")
     sim.add_argument("--links", type=int, default=0, help="print the N busiest links")
+    sim.add_argument(
+        "--calls", type=int, default=1, help="back to back, the first half a warm-up (1)"
+    )
     draw = commands.add_parser("draw", help="pictures: a topology, or a simulated timeline")
     draw.add_argument("what", choices=("topology", "timeline"))
     draw.add_argument("subject", help="topology: a topology; timeline: an Algorithm or family")
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 collective=args.collective,
                 slots=args.slots,
                 slice_bytes=args.slice_bytes,
+                calls=args.calls,
             )
             print(f"{args.algorithm} on {args.topology.name}: {result}")
             for use in result.link_use(args.links) if args.links else []:

@@ -117,10 +117,12 @@ Config parse() {
   }
   c.tcp_geometry_set = env("WEFT_TCP_SLOT_BYTES") || env("WEFT_TCP_SLOTS");
   if (const char* fault = env("WEFT_RDMA_FAULT")) {
-    if (std::string(fault) != "bad_key") {
-      throw InvalidArgument(std::string("WEFT_RDMA_FAULT='") + fault + "': use bad_key");
+    const std::string name = fault;
+    if (name != "bad_key" && name != "slow_connect") {
+      throw InvalidArgument("WEFT_RDMA_FAULT='" + name + "': use bad_key or slow_connect");
     }
-    c.rdma_bad_key = true;
+    c.rdma_bad_key = name == "bad_key";
+    c.rdma_slow_connect = name == "slow_connect";
   }
   if (const char* lib = env("WEFT_IBVERBS_LIB")) c.ibverbs_lib = lib;
   if (const char* hca = env("WEFT_IB_HCA")) c.ib_hca = hca;

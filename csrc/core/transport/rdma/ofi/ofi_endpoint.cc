@@ -11,6 +11,13 @@
 // addresses; without it, offsets into the region), FI_MR_ALLOCATED and
 // FI_MR_PROV_KEY. Providers that need a posted receive per remote CQ datum
 // (FI_RX_CQ_DATA) get kPostedReceives zero-byte receives, reposted as they go.
+//
+// Strangers: an FI_EP_MSG listener's port can be found and connected to by
+// anyone while it waits for the peer, so the listener sends a fresh token
+// over the authenticated control socket and accepts only the connection
+// request that carries it (others are rejected and logged; the wait goes
+// on). Keys weft chooses for its memory regions are random, not counted up,
+// so that no one can guess them.
 #include "core/transport/rdma/ofi/ofi_endpoint.h"
 
 #include <arpa/inet.h>
@@ -24,16 +31,20 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <atomic>
+#include <array>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/common/config.h"
 #include "core/common/deadline.h"
 #include "core/common/error.h"
 #include "core/common/log.h"
+#include "core/common/random_word.h"
 #include "core/transport/rdma/ofi/libfabric.h"
 
 namespace weft {
@@ -45,6 +56,16 @@ constexpr uint64_t kMrModes = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | 
 // The context of our posted receives, told apart from writes' ids (which
 // are never this).
 void* const kReceiveContext = reinterpret_cast<void*>(~uintptr_t{0});
+constexpr std::chrono::milliseconds kSlowConnect{1500};
+// What a connection request must carry: 16 unpredictable bytes.
+using ConnectToken = std::array<uint64_t, 2>;
+// A connection-management event with room for a request's data.
+struct CmEvent {
+  alignas(fi_eq_cm_entry) unsigned char bytes[sizeof(fi_eq_cm_entry) + 256];
+  size_t data_bytes = 0;  // the request's data that arrived
+  fi_eq_cm_entry& entry() { return *reinterpret_cast<fi_eq_cm_entry*>(bytes); }
+  const unsigned char* data() const { return bytes + sizeof(fi_eq_cm_entry); }
+};
 
 std::string fi_error(const char* what, int ret) {
   return std::string("ofi: ") + what + " failed: " + libfabric().strerror(-ret) + " (" +
@@ -145,12 +166,13 @@ class OfiEndpoint : public RdmaEndpoint {
       const uint64_t len64 = len;
       control.send_all(&len64, sizeof(len64), deadline, "ofi endpoint name");
       control.send_all(name.data(), len, deadline, "ofi endpoint name");
-      fi_eq_cm_entry entry{};
-      wait_event(FI_CONNREQ, entry, deadline);
-      InfoPtr request(entry.info);
+      const ConnectToken token{random_word(), random_word()};
+      control.send_all(token.data(), sizeof(token), deadline, "ofi connection token");
+      InfoPtr request = request_with(token, deadline);
       open_endpoint(request.get());
       check("fi_accept", fi_accept(ep_, nullptr, 0));
-      wait_event(FI_CONNECTED, entry, deadline);
+      CmEvent connected;
+      wait_event(FI_CONNECTED, connected, deadline);
       close_fid(&pep_->fid);
       pep_ = nullptr;
     } else {
@@ -163,6 +185,8 @@ class OfiEndpoint : public RdmaEndpoint {
         throw PeerError("ofi: the peer sent an endpoint name of " + std::to_string(len) + " bytes");
       std::vector<char> name(len);
       control.recv_all(name.data(), len, deadline, "ofi endpoint name of the peer");
+      ConnectToken token{};
+      control.recv_all(token.data(), sizeof(token), deadline, "ofi connection token");
       InfoPtr h = hints(FI_EP_MSG);
       h->dest_addr = std::malloc(len);  // freed with the hints
       std::memcpy(h->dest_addr, name.data(), len);
@@ -174,9 +198,11 @@ class OfiEndpoint : public RdmaEndpoint {
       InfoPtr info(found);
       open_fabric(info.get());
       open_endpoint(info.get());
-      check("fi_connect", fi_connect(ep_, name.data(), nullptr, 0));
-      fi_eq_cm_entry entry{};
-      wait_event(FI_CONNECTED, entry, deadline);
+      // WEFT_RDMA_FAULT=slow_connect: a test's stranger gets to the listener first.
+      if (config().rdma_slow_connect) std::this_thread::sleep_for(kSlowConnect);
+      check("fi_connect", fi_connect(ep_, name.data(), token.data(), sizeof(token)));
+      CmEvent connected;
+      wait_event(FI_CONNECTED, connected, deadline);
     }
   }
 
@@ -184,8 +210,14 @@ class OfiEndpoint : public RdmaEndpoint {
     fid_mr* mr = nullptr;
     const uint64_t access =
         FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-    static std::atomic<uint64_t> next_key{1};
-    check("fi_mr_reg", fi_mr_reg(domain_, base, bytes, access, 0, next_key++, 0, &mr, nullptr));
+    // Where the provider takes our key, one no one can guess, within its key size.
+    const size_t key_bytes = std::clamp<size_t>(key_bytes_, 1, sizeof(uint64_t));
+    int ret = -FI_ENOKEY;
+    for (int tries = 0; ret == -FI_ENOKEY && tries < 8; ++tries) {  // a key already in use
+      const uint64_t key = random_word() >> (64 - 8 * key_bytes);
+      ret = fi_mr_reg(domain_, base, bytes, access, 0, key, 0, &mr, nullptr);
+    }
+    check("fi_mr_reg", ret);
     return std::make_unique<OfiRegion>(base, bytes, mr, virtual_addresses_);
   }
 
@@ -334,6 +366,7 @@ class OfiEndpoint : public RdmaEndpoint {
     const uint64_t mr_mode = info->domain_attr->mr_mode;
     local_mr_ = (mr_mode & FI_MR_LOCAL) != 0;
     virtual_addresses_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+    key_bytes_ = info->domain_attr->mr_key_size;
     rx_cq_data_ = (info->mode & FI_RX_CQ_DATA) != 0;
     max_write_ = info->ep_attr->max_msg_size;
     if (rx_cq_data_) {
@@ -385,11 +418,26 @@ class OfiEndpoint : public RdmaEndpoint {
     if (ret != 0) throw PeerError(fi_error("fi_recv", static_cast<int>(ret)));
   }
 
-  void wait_event(uint32_t wanted, fi_eq_cm_entry& entry, const Deadline& deadline) {
+  // The connection request that carries `token`; others are strangers'.
+  InfoPtr request_with(const ConnectToken& token, const Deadline& deadline) {
+    for (;;) {
+      CmEvent event;
+      wait_event(FI_CONNREQ, event, deadline);
+      InfoPtr request(event.entry().info);
+      if (event.data_bytes >= sizeof(token) &&
+          std::memcmp(event.data(), token.data(), sizeof(token)) == 0) {
+        return request;
+      }
+      fi_reject(pep_, request->handle, nullptr, 0);
+      WEFT_LOG(Info, -1, "ofi: refused a connection request without this connection's token");
+    }
+  }
+
+  void wait_event(uint32_t wanted, CmEvent& out, const Deadline& deadline) {
     for (;;) {
       uint32_t event = 0;
       const int ms = std::min(deadline.remaining_ms(), 100) + 1;
-      ssize_t n = fi_eq_sread(eq_, &event, &entry, sizeof(entry), ms, 0);
+      ssize_t n = fi_eq_sread(eq_, &event, out.bytes, sizeof(out.bytes), ms, 0);
       if (n == -FI_EAGAIN || n == -FI_ETIMEDOUT) {
         if (deadline.expired()) {
           throw TimeoutError(std::string("ofi: no ") + fi_tostr_event(wanted) +
@@ -399,6 +447,9 @@ class OfiEndpoint : public RdmaEndpoint {
       }
       if (n == -FI_EAVAIL) event_error();
       if (n < 0) throw PeerError(fi_error("fi_eq_sread", static_cast<int>(n)));
+      out.data_bytes = static_cast<size_t>(n) > sizeof(fi_eq_cm_entry)
+                           ? static_cast<size_t>(n) - sizeof(fi_eq_cm_entry)
+                           : 0;
       if (event == wanted) return;
       throw PeerError(std::string("ofi: ") + fi_tostr_event(event) + " while waiting for " +
                       fi_tostr_event(wanted));
@@ -442,6 +493,7 @@ class OfiEndpoint : public RdmaEndpoint {
   std::string provider_;
   bool local_mr_ = false, virtual_addresses_ = false, rx_cq_data_ = false, closed_ = false;
   size_t max_write_ = 0;
+  size_t key_bytes_ = sizeof(uint64_t);  // the provider's memory-key size
 };
 
 }  // namespace

@@ -130,13 +130,18 @@ def held_then_allreduce(rank, size, store, go_files, counts):
     comm = weft.Communicator(store, rank, size, timeout=TIMEOUT_S)
     after = listening(os.getpid())
     mark("built")
+    return {"listening_after": after, "wrong": wrong_in_allreduces(comm, counts)}
+
+
+def wrong_in_allreduces(comm, counts) -> int:
+    """Allreduces of each count, checked against numpy: how many elements came out wrong."""
     wrong = 0
     for count in counts:
-        x = (np.arange(count) % 7 + rank).astype(np.float32)
+        x = (np.arange(count) % 7 + comm.rank).astype(np.float32)
         comm.allreduce(x)
-        want = sum((np.arange(count) % 7 + r) for r in range(size)).astype(np.float32)
+        want = sum((np.arange(count) % 7 + r) for r in range(comm.size)).astype(np.float32)
         wrong += int(np.count_nonzero(x != want))
-    return {"listening_after": after, "wrong": wrong}
+    return wrong
 
 
 def go_files(tmp_path) -> list[str]:

@@ -56,11 +56,12 @@ def scenario_abort(rank, size, store, rounds):
         comm = weft.Communicator(store, rank, size, name=f"abort-{i}", timeout=30)
         buf = np.ones(COUNT, np.float32)
         aborts = i % 2 == 0 or rank == (i // 2) % size
-        aborted_at = []
+        aborted_at, took = [], []
 
         def abort():
             aborted_at.append(time.time())
             comm.abort(f"round {i}")
+            took.append(time.time() - aborted_at[0])
 
         timer = threading.Timer(rng.uniform(0.01, 0.1), abort) if aborts else None
         if timer:
@@ -82,6 +83,7 @@ def scenario_abort(rank, size, store, rounds):
             "message": info.get("message"),
             "raised_at": info["time"],
             "aborted_at": aborted_at[0] if aborted_at else None,
+            "took": took[0] if took else None,
             "right_after": bool(np.all(check == size * (size + 1) / 2)),
         }
 

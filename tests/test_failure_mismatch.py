@@ -5,7 +5,8 @@ every rank raises within 2 s an error listing each rank's (op, count, dtype, roo
 number), and the communicator stays usable. In the default mode every
 mismatch (count 1000 against 1001, dtype, op, root, order), at a size of one message and of
 many, over every algorithm family, ends in an error or in the right bytes: never a success
-with wrong bytes."""
+with wrong bytes. The same holds for reduce_scatter (count, dtype), reduce (count, root) and
+broadcast (count) over each of their families (chain among them)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,34 @@ def calls(comm, case: str, count: int, odd: bool):
 
 
 CASES = ("count", "dtype", "op", "root", "order")
+
+
+def other_calls(comm, case: str, count: int, odd: bool):
+    """The mismatches of the other collectives: (call, check) pairs as ``calls`` gives."""
+    size, rank = comm.size, comm.rank
+    total = size * (size + 1) / 2
+    n = count + 1 if odd and case.endswith("count") else count
+    if case.startswith("reduce_scatter"):
+        dtype = np.int32 if odd and case.endswith("dtype") else np.float32
+        inp, out = np.full(n * size, rank + 1, dtype), np.zeros(n, dtype)
+        return [(lambda: comm.reduce_scatter(inp, out=out), lambda: np.all(out == total))]
+    buf = np.full(n, rank + 1, np.float32)
+    if case == "broadcast_count":
+        return [(lambda: comm.broadcast(buf, root=0), lambda: np.all(buf == 1))]
+    root = 1 if odd and case == "reduce_root" else 0  # reduce_count, reduce_root
+    # Only the root's result is defined; elsewhere the buffer is the rank's own input.
+    want = total if rank == root else rank + 1
+    return [(lambda: comm.reduce(buf, root=root), lambda: np.all(buf == want))]
+
+
+# case: the collective whose families it runs over.
+OTHER_CASES = {
+    "reduce_scatter_count": "reduce_scatter",
+    "reduce_scatter_dtype": "reduce_scatter",
+    "reduce_count": "reduce",
+    "reduce_root": "reduce",
+    "broadcast_count": "broadcast",
+}
 
 
 def run_calls(made) -> list[dict]:
@@ -172,23 +201,24 @@ def test_torch_detail_debug_turns_on_the_checks_through_torch():
     assert not problems, "\n".join(problems)
 
 
-def scenario_default(rank, size, store, families):
+def scenario_default(rank, size, store, runs):
+    """``runs``: (family, case) pairs, each at both counts on a communicator of its own."""
     import weft
 
     got = []
-    for family in families:
+    for family, case in runs:
         for count in (SMALL, LARGE):
-            for case in CASES:
-                name = f"mismatch-{family}-{count}-{case}"
-                start = time.monotonic()
-                comm = weft.Communicator(
-                    store, rank, size, name=name, timeout=DEFAULT_TIMEOUT_S, algo=family
-                )
-                infos = run_calls(calls(comm, case, count, rank == ODD))
-                for info in infos:
-                    info.update(case=name, total=time.monotonic() - start)
-                got += infos
-                del comm
+            name = f"mismatch-{family}-{count}-{case}"
+            start = time.monotonic()
+            comm = weft.Communicator(
+                store, rank, size, name=name, timeout=DEFAULT_TIMEOUT_S, algo=family
+            )
+            make = calls if case in CASES else other_calls
+            infos = run_calls(make(comm, case, count, rank == ODD))
+            for info in infos:
+                info.update(case=name, total=time.monotonic() - start)
+            got += infos
+            del comm
     return got
 
 
@@ -196,9 +226,10 @@ def scenario_default(rank, size, store, families):
 def test_default_mode_never_succeeds_with_wrong_bytes(transport):
     import weft
 
-    families = weft.algorithms("allreduce")
+    runs = [(family, case) for family in weft.algorithms("allreduce") for case in CASES]
+    runs += [(family, case) for case, c in OTHER_CASES.items() for family in weft.algorithms(c)]
     env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
-    with Ranks(scenario_default, 4, families, env=env) as ranks:
+    with Ranks(scenario_default, 4, runs, env=env) as ranks:
         results = ranks.results(timeout=900)
     problems = []
     for rank, infos in enumerate(results):

@@ -13,10 +13,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from listeners import listening
 from rdma_support import ofi_missing
+from test_auth import wrong_in_allreduces
 from weft_proc import Ranks
 
 MISSING = ofi_missing("tcp", "FI_EP_MSG")
@@ -34,13 +34,7 @@ def allreduces(rank, size, store, counts):
     import weft
 
     comm = weft.Communicator(store, rank, size, timeout=TIMEOUT_S)
-    wrong = 0
-    for count in counts:
-        x = (np.arange(count) % 5 + rank).astype(np.float32)
-        comm.allreduce(x)
-        want = sum((np.arange(count) % 5 + r) for r in range(size)).astype(np.float32)
-        wrong += int(np.count_nonzero(x != want))
-    return {"wrong": wrong, "transport": comm.transport_to(1 - rank)}
+    return {"wrong": wrong_in_allreduces(comm, counts), "transport": comm.transport_to(1 - rank)}
 
 
 def test_a_stranger_at_the_ofi_listener_is_refused_and_the_job_goes_on(tmp_path):

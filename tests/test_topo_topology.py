@@ -114,6 +114,8 @@ def test_json_round_trip(tmp_path):
         (lambda d: d["ranks"].__setitem__(1, d["ranks"][0]), "two ranks sit on one node"),
         (lambda d: d.update(format="x"), "format 'x'"),
         (lambda d: d["links"][0].update(burst_bytes=-1), "link 0: burst_bytes must be"),
+        (lambda d: d.update(slice_bytes=10**40), "slice_bytes must be an integer from 1 to"),
+        (lambda d: d["nodes"][0].update(host=2**40), "node 0: host must be an integer from 0"),
         (lambda d: d.update(cpus=[{"ranks": [0], "cores": 0, "s_per_b": 1e-9}]), "cores must"),
         (lambda d: d.update(cpus=[{"ranks": [0], "cores": 1}]), "CPU pool 0: missing 's_per_b'"),
         (lambda d: d.update(cpus=[{"ranks": [9], "cores": 1, "s_per_b": 0}]), "names rank 9"),

@@ -2,7 +2,8 @@
 group of timeout T, SIGKILLing one worker in the middle of its allreduces makes the job exit
 non-zero within T + 5 s, leaving no process behind. With --max-restarts 1: torchrun restarts
 the group, whose new weft communicators bootstrap again, and examples/ddp.py resumes from its
-checkpoint to the very model (parameters and optimizer state) an uninterrupted run ends with."""
+checkpoint to the very model (parameters and optimizer state) an uninterrupted run ends with.
+Both with 4 workers, over shm and over tcp."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 import weft.local
 from weft_proc import TOKEN_VAR, processes_with_token
@@ -22,22 +24,28 @@ from weft_proc import TOKEN_VAR, processes_with_token
 TESTS = Path(__file__).resolve().parent
 DDP_EXAMPLE = TESTS.parent / "examples" / "ddp.py"
 T_S = 10.0
-WORKERS = 3
+WORKERS = 4
+TRANSPORTS = pytest.mark.parametrize("transport", ["shm", "tcp"])
 
 
-def torchrun(restarts: int, script: Path, *args: str, token: str) -> subprocess.Popen:
+def torchrun(
+    restarts: int, script: Path, *args: str, token: str, transport: str
+) -> subprocess.Popen:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORKERS),
             "--max-restarts", str(restarts), "--master-port", str(weft.local.free_port()),
             str(script), *args]  # fmt: skip
-    env = {**os.environ, TOKEN_VAR: token, "OMP_NUM_THREADS": "1", "WEFT_TUNE": "off"}
+    env = {**os.environ, TOKEN_VAR: token, "OMP_NUM_THREADS": "1", "WEFT_TUNE": "off",
+           "WEFT_TRANSPORT": transport}  # fmt: skip
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def run_and_kill(victim, restarts: int, script: Path, *args: str) -> tuple[int, float, str, str]:
+def run_and_kill(
+    victim, restarts: int, script: Path, *args: str, transport: str
+) -> tuple[int, float, str, str]:
     """Starts torchrun and SIGKILLs the worker ``victim(token)`` returns once it returns one;
     (exit code, seconds from the kill to the exit, output, token)."""
     token = uuid.uuid4().hex
-    job = torchrun(restarts, script, *args, token=token)
+    job = torchrun(restarts, script, *args, token=token, transport=transport)
     try:
         deadline = time.monotonic() + 120
         pid = None
@@ -81,10 +89,12 @@ def worker_of_rank(token: str, rank: int) -> int | None:
     return None
 
 
-def test_a_killed_worker_ends_the_job_within_the_timeout(tmp_path):
+@TRANSPORTS
+def test_a_killed_worker_ends_the_job_within_the_timeout(tmp_path, transport):
     victim = rank1_once_all_wrote_pids(tmp_path)
     script = TESTS / "torchrun_loop.py"
-    rc, took, output, token = run_and_kill(victim, 0, script, str(tmp_path), str(T_S), "120")
+    args = (str(tmp_path), str(T_S), "120")
+    rc, took, output, token = run_and_kill(victim, 0, script, *args, transport=transport)
     assert rc != 0, output[-3000:]
     assert took < T_S + 5, f"the job took {took:.1f} s to end after the kill\n{output[-3000:]}"
     time.sleep(0.5)
@@ -94,13 +104,16 @@ def test_a_killed_worker_ends_the_job_within_the_timeout(tmp_path):
 STEPS, SAVE_EVERY = 600, 50
 
 
-def test_torchrun_restarts_the_group_and_ddp_resumes_from_its_checkpoint(tmp_path):
+@TRANSPORTS
+def test_torchrun_restarts_the_group_and_ddp_resumes_from_its_checkpoint(tmp_path, transport):
     """A worker killed once the example saved its first checkpoint; the restarted group
     resumes from a checkpoint and ends where an uninterrupted run does, bit for bit."""
     flags = ["--steps", str(STEPS), "--save-every", str(SAVE_EVERY)]
     reference = tmp_path / "uninterrupted.pt"
     token = uuid.uuid4().hex
-    job = torchrun(0, DDP_EXAMPLE, *flags, "--checkpoint", str(reference), token=token)
+    job = torchrun(
+        0, DDP_EXAMPLE, *flags, "--checkpoint", str(reference), token=token, transport=transport
+    )
     output = job.communicate(timeout=180)[0].decode(errors="replace")
     assert job.returncode == 0, output[-3000:]
 
@@ -110,11 +123,12 @@ def test_torchrun_restarts_the_group_and_ddp_resumes_from_its_checkpoint(tmp_pat
         return worker_of_rank(token, 1) if restarted.exists() else None
 
     flags += ["--checkpoint", str(restarted)]
-    rc, _, output, token = run_and_kill(victim, 1, DDP_EXAMPLE, *flags)
+    rc, _, output, token = run_and_kill(victim, 1, DDP_EXAMPLE, *flags, transport=transport)
     assert rc == 0, output[-3000:]
     resumed = {int(s) for s in re.findall(r"rank \d+: resumed from step (\d+)", output)}
     assert len(resumed) == 1 and 0 < min(resumed) < STEPS, f"did not resume: {output[-3000:]}"
-    assert sorted(re.findall(r"rank (\d+): ok", output)) == ["0", "1", "2"], output[-3000:]
+    ranks = sorted(re.findall(r"rank (\d+): ok", output))
+    assert ranks == [str(r) for r in range(WORKERS)], output[-3000:]
     want, got = torch.load(reference), torch.load(restarted)
     assert got["step"] == want["step"] == STEPS
     for name, tensor in want["model"].items():

@@ -92,12 +92,12 @@ def verdict_from_command_line(directory) -> str:
     return run.stdout
 
 
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    """The trace directory after every case ran, and each rank's outcomes."""
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def traced(request, tmp_path_factory):
+    """The trace directory after every case ran, and each rank's outcomes, over each transport."""
     trace_dir = tmp_path_factory.mktemp("traces")
     env = {
-        "WEFT_TRANSPORT": "shm",
+        "WEFT_TRANSPORT": request.param,
         "WEFT_TUNE": "off",
         "WEFT_ALGO": "ring",
         "WEFT_TRACE_DIR": str(trace_dir),
@@ -141,6 +141,42 @@ def test_empty_directory_says_what_is_missing(tmp_path):
     )
     assert run.returncode == 2
     assert "WEFT_TRACE_DIR" in run.stderr
+
+
+GOOD_HEADER = "weft-trace 1\ncomm c\nrank 0\nsize 2\npid 1\n"
+GOOD_OP = (
+    "op seq=0 name=allreduce dtype=float32 reduce=sum count=8 root=-1 algorithm=ring "
+    "peers=1 state=done start_us=1 end_us=2\n"
+)
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (GOOD_HEADER + GOOD_OP.replace("count=8", "count=eight"), "line 6: not an operation"),
+        (GOOD_HEADER + GOOD_OP.replace(" state=done", ""), "line 6: not an operation"),
+        (GOOD_HEADER.replace("size 2", "size two") + GOOD_OP, "header is incomplete or wrong"),
+        (GOOD_HEADER.replace("pid 1\n", "") + GOOD_OP, "header is incomplete or wrong"),
+        (GOOD_HEADER.replace("rank 0", "rank 5") + GOOD_OP, "rank 5 of a world of 2"),
+        (GOOD_HEADER.replace("size 2", "size 2212122121") + GOOD_OP, "at most 1048576 ranks"),
+        ("not a trace\n", "not a weft flight-recorder file"),
+    ],
+    ids=[
+        "count",
+        "missing-field",
+        "size",
+        "no-pid",
+        "rank-out-of-world",
+        "huge-world",
+        "not-a-trace",
+    ],
+)
+def test_a_broken_trace_file_is_named_not_a_traceback(tmp_path, text, says):
+    (tmp_path / "c.rank0.weft-trace").write_text(text)
+    run = subprocess.run(
+        [sys.executable, "-m", "weft.trace", str(tmp_path)], capture_output=True, text=True
+    )
+    assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run
 
 
 def scenario_aborted(rank, size, store):

@@ -15,6 +15,7 @@
 
 #include "core/algo/algorithms.h"
 #include "core/algo/validate.h"
+#include "core/bootstrap/abort_notice.h"
 #include "core/common/config.h"
 #include "core/common/deadline.h"
 #include "core/common/error.h"
@@ -70,22 +71,9 @@ void check_apart(const char* what, const void* in, size_t in_bytes, const void* 
                         (in_place_at ? " (or the in-place form: see docs/core-api.md)" : ""));
 }
 
-// Before a rank shuts its connections down on an error it tells every peer
-// why, on the control sockets (which carry nothing else after setup): a kind
-// letter, the reason and a newline. Peers read it without consuming it, so
-// that Socket::peer_closed() still sees data there and does not mistake a
-// rank that aborted and exited for one whose process died.
-constexpr char kTimedOut = 'T', kPeerFailed = 'P', kUserAbort = 'A';
-// A rank that left an idle group (destroy_process_group between operations)
-// sends kLeft with how many operations it took part in, a space and why: its
-// peers finish those and fail the next one at once.
-constexpr char kLeft = 'L';
-constexpr size_t kMostNoticeBytes = 1024;
-
+// Best effort: a peer that is gone cannot be told.
 void send_abort_notice(Socket& control, char kind, const std::string& reason) {
-  std::string notice = kind + reason.substr(0, kMostNoticeBytes - 2) + "\n";
-  for (char& c : notice) c = (c == '\n' && &c != &notice.back()) ? ' ' : c;
-  // Best effort: a peer that is gone cannot be told.
+  const std::string notice = encode_notice(kind, reason);
   (void)control.send_nowait(notice.data(), notice.size());
 }
 
@@ -100,29 +88,10 @@ int waited_rank(const std::string& timeout_message) {
 }
 
 // The kind and reason of `control`'s peer's abort notice, if it sent one.
-std::optional<std::pair<char, std::string>> abort_notice(const Socket& control) {
+std::optional<AbortNotice> abort_notice(const Socket& control) {
   char buf[kMostNoticeBytes];
   const ssize_t n = control.peek(buf, sizeof(buf));
-  if (n < 2) return std::nullopt;
-  const char* end = static_cast<const char*>(std::memchr(buf, '\n', n));
-  if (end == nullptr) return std::nullopt;
-  return std::make_pair(buf[0], std::string(static_cast<const char*>(buf) + 1, end));
-}
-
-// How many operations a kLeft notice's rank took part in.
-uint64_t operations_taken(const std::string& notice) {
-  return std::strtoull(notice.c_str(), nullptr, 10);
-}
-
-// What a kLeft notice's text says, in words for an error.
-std::string left_words(const std::string& notice) {
-  const uint64_t took = operations_taken(notice);
-  const size_t space = notice.find(' ');
-  const std::string why = space == std::string::npos ? "" : " (" + notice.substr(space + 1) + ")";
-  return "it left the group " +
-         (took == 0 ? std::string("before its first operation")
-                    : "after its operation #" + std::to_string(took - 1)) +
-         why;
+  return n > 0 ? decode_notice(buf, static_cast<size_t>(n)) : std::nullopt;
 }
 
 }  // namespace
@@ -280,8 +249,8 @@ void Communicator::connect(Store& store, const std::string& name) {
   // The kLeft notice `peer` sent, if any.
   auto left_notice = [this](int peer) -> std::optional<std::string> {
     const auto notice = abort_notice(mesh_->socket(peer, kControlSocket));
-    if (!notice || notice->first != kLeft) return std::nullopt;
-    return notice->second;
+    if (!notice || notice->kind != kLeft) return std::nullopt;
+    return notice->reason;
   };
   peers.left_before = [left_notice](int peer, uint64_t seq) {
     const auto notice = left_notice(peer);
@@ -659,7 +628,7 @@ std::string Communicator::blame_chain(int peer) const {
   std::string chain;
   while (peer >= 0 && peer < size_ && !seen[peer]) {
     seen[peer] = true;
-    std::optional<std::pair<char, std::string>> notice;
+    std::optional<AbortNotice> notice;
     while (!(notice = abort_notice(mesh_->socket(peer, kControlSocket))) && !deadline.expired()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -668,9 +637,9 @@ std::string Communicator::blame_chain(int peer) const {
       return chain.empty() ? "; " + who + " is hung or slow: it did not time out itself"
                            : chain + ", which sent nothing: it is hung or slow";
     }
-    if (notice->first == kLeft) return chain + "; " + who + ": " + left_words(notice->second);
-    if (notice->first != kTimedOut) return chain + "; " + who + " had aborted: " + notice->second;
-    peer = waited_rank(notice->second);
+    if (notice->kind == kLeft) return chain + "; " + who + ": " + left_words(notice->reason);
+    if (notice->kind != kTimedOut) return chain + "; " + who + " had aborted: " + notice->reason;
+    peer = waited_rank(notice->reason);
     chain += chain.empty() ? "; " + who + " timed out too, waiting for rank "
                            : ", which waited for rank ";
     chain += std::to_string(peer);
@@ -692,14 +661,14 @@ std::string Communicator::blame_chain(int peer) const {
     if (!notice) break;
     // The transport saw the process leave after it aborted or left the
     // group: that is no death.
-    const bool left = notice->first == kLeft;
+    const bool left = notice->kind == kLeft;
     const std::string gone = "peer process is gone";
     if (const size_t at = why.find(gone); at != std::string::npos) {
-      why.replace(at, gone.size(), left ? left_words(notice->second) : "it aborted and left");
+      why.replace(at, gone.size(), left ? left_words(notice->reason) : "it aborted and left");
     }
     if (!left) {
-      why += "; rank " + std::to_string(p) + " had aborted: " + notice->second;
-      kind = notice->first;
+      why += "; rank " + std::to_string(p) + " had aborted: " + notice->reason;
+      kind = notice->kind;
     }
     break;
   }

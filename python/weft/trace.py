@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUFFIX = ".weft-trace"
+# The verdict lists every rank of a world: a file claiming more is refused.
+MOST_RANKS = 1 << 20
 # Entries that are no call of the user's: communicator creation.
 SETUP_OPS = {"create"}
 WAITING_FOR = re.compile(r"waiting to [a-z ]+? rank (\d+)")
@@ -86,39 +88,55 @@ class RankTrace:
 
 
 def parse(path: Path) -> RankTrace:
+    """One rank's file; ValueError naming the file (and line) where it is not the recorder's."""
     header: dict[str, str] = {}
     ops = []
-    for line in path.read_text(errors="replace").splitlines():
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         key, _, rest = line.partition(" ")
         if key != "op":
             header[key] = rest
             continue
-        f = dict(item.split("=", 1) for item in rest.split() if "=" in item)
-        ops.append(
-            Op(
-                seq=int(f["seq"]),
-                name=f["name"],
-                dtype=f["dtype"],
-                reduce=f["reduce"],
-                count=int(f["count"]),
-                root=int(f["root"]),
-                algorithm=f["algorithm"],
-                peers=[] if f["peers"] == "-" else [int(p) for p in f["peers"].split(",")],
-                state=f["state"],
-                start_us=int(f["start_us"]),
-                end_us=int(f["end_us"]),
-            )
-        )
+        try:
+            ops.append(_op(dict(item.split("=", 1) for item in rest.split() if "=" in item)))
+        except (KeyError, ValueError) as e:
+            raise ValueError(
+                f"{path}, line {number}: not an operation of the recorder ({e})"
+            ) from None
     if header.get("weft-trace") != "1":
         raise ValueError(f"{path}: not a weft flight-recorder file (version 1)")
-    return RankTrace(
-        comm=header["comm"],
-        rank=int(header["rank"]),
-        size=int(header["size"]),
-        pid=int(header["pid"]),
-        signal=header.get("signal"),
-        reason=header.get("reason"),
-        ops=ops,
+    try:
+        trace = RankTrace(
+            comm=header["comm"],
+            rank=int(header["rank"]),
+            size=int(header["size"]),
+            pid=int(header["pid"]),
+            signal=header.get("signal"),
+            reason=header.get("reason"),
+            ops=ops,
+        )
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{path}: the recorder's header is incomplete or wrong ({e})") from None
+    if not 0 <= trace.rank < trace.size <= MOST_RANKS:
+        raise ValueError(
+            f"{path}: rank {trace.rank} of a world of {trace.size} (at most {MOST_RANKS} ranks)"
+        )
+    return trace
+
+
+def _op(f: dict[str, str]) -> Op:
+    peers = [] if f["peers"] == "-" else [int(p) for p in f["peers"].split(",")]
+    return Op(
+        seq=int(f["seq"]),
+        name=f["name"],
+        dtype=f["dtype"],
+        reduce=f["reduce"],
+        count=int(f["count"]),
+        root=int(f["root"]),
+        algorithm=f["algorithm"],
+        peers=peers,
+        state=f["state"],
+        start_us=int(f["start_us"]),
+        end_us=int(f["end_us"]),
     )
 
 

@@ -1,13 +1,15 @@
-"""Coverage-guided fuzz targets (atheris) for weft.topo's file readers: an Algorithm's JSON
-(``topo.load``) and MSCCL's XML (``topo.load_msccl``) from raw bytes, and ``fields``: valid
+"""Coverage-guided fuzz targets (atheris) for weft's Python readers of files: an Algorithm's
+JSON (``topo.load``) and MSCCL's XML (``topo.load_msccl``) from raw bytes; ``fields``: valid
 Algorithm JSON with values swapped at fuzzer-chosen places for ones of other types and sizes
-(raw bytes seldom get past the JSON parser). Each must read the input or raise AlgorithmError
-saying what is wrong; any other exception is a bug the fuzzer reports.
+(raw bytes seldom get past the JSON parser); a Topology's JSON (``topology``,
+``Topology.load``); and a flight-recorder file (``trace``, the verdict of ``python -m
+weft.trace`` on it). Each must read the input or raise the reader's error saying what is wrong
+(AlgorithmError, TopologyError, ValueError); any other exception is a bug the fuzzer reports.
 
-    python tests/fuzz/fuzz_topo.py json|msccl|fields CORPUS_DIR [libFuzzer flags]
+    python tests/fuzz/fuzz_topo.py json|msccl|fields|topology|trace CORPUS_DIR [libFuzzer flags]
 
-Seeds (every published MSCCL file, a built-in Algorithm per collective) are written into
-CORPUS_DIR when it is empty."""
+Seeds (every published MSCCL file, a built-in Algorithm per collective, a few Topologies, a
+recorder file) are written into CORPUS_DIR when it is empty."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from pathlib import Path
 import atheris
 import weft  # noqa: F401  (and torch with it, uninstrumented)
 
-with atheris.instrument_imports(include=["weft.topo"]):
-    from weft import topo
+with atheris.instrument_imports(include=["weft.topo", "weft.trace"]):
+    from weft import topo, trace
     from weft.topo.algorithm import AlgorithmError
 
 SHARED_MSCCL = Path(__file__).resolve().parents[2].parent / "shared" / "msccl"
@@ -29,9 +31,29 @@ SHARED_MSCCL = Path(__file__).resolve().parents[2].parent / "shared" / "msccl"
 SCRATCH = Path(tempfile.gettempdir() if not os.path.isdir("/dev/shm") else "/dev/shm")
 
 
+TRACE_SEED = b"""weft-trace 1
+comm default
+rank 1
+size 4
+pid 4242
+written_us 1700000000000000
+reason allreduce #7 (ring) on rank 1: lost rank 2: peer process is gone
+op seq=6 name=allreduce dtype=float32 reduce=sum count=1000 root=-1 algorithm=ring peers=0,2 \
+state=done start_us=1 end_us=20
+op seq=7 name=allreduce dtype=float32 reduce=sum count=1000 root=-1 algorithm=ring peers=0,2 \
+state=failed start_us=30 end_us=0
+"""  # a backslash at a line's end continues it
+
+
 def seeds(kind: str) -> list[bytes]:
     if kind == "fields":
         return [bytes(8)]
+    if kind == "trace":
+        return [TRACE_SEED]
+    if kind == "topology":
+        worlds = [topo.Topology.hosts(2, 2, nic=(5e-6, 1e9, 1 << 18)).sharing_cpus(2, 1e-10),
+                  topo.Topology.torus((2, 3)), topo.Topology.fat_tree(8, per_leaf=4)]  # fmt: skip
+        return [json.dumps(w.to_json()).encode() for w in worlds]
     if kind == "msccl":
         return [p.read_bytes() for p in sorted(SHARED_MSCCL.glob("*.xml"))]
     out = []
@@ -85,9 +107,42 @@ def fields_target():
     return one_input
 
 
+def trace_target():
+    directory = Path(tempfile.mkdtemp(prefix="weft-fuzz-trace-", dir=SCRATCH))
+    path = directory / "fuzzed.rank0.weft-trace"
+
+    def one_input(data: bytes) -> None:
+        path.write_bytes(data)
+        try:
+            trace.verdict(directory)
+        except ValueError:
+            pass
+        finally:
+            path.unlink()
+
+    return one_input
+
+
 def target(kind: str):
     if kind == "fields":
         return fields_target()
+    if kind == "trace":
+        return trace_target()
+    if kind == "topology":
+        path = SCRATCH / f"weft-fuzz-topology-{os.getpid()}"
+
+        def load_topology(data: bytes) -> None:
+            path.write_bytes(data)
+            try:
+                topo.Topology.load(path)
+            except topo.TopologyError:
+                pass
+            except UnicodeDecodeError:
+                pass  # not text
+            finally:
+                path.unlink()
+
+        return load_topology
     path = SCRATCH / f"weft-fuzz-{kind}-{os.getpid()}"
     reader = topo.load if kind == "json" else topo.load_msccl
 

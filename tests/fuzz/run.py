@@ -29,8 +29,8 @@ CORE = REPO / "csrc" / "core"
 # target: the core sources it links, and seeds for its corpus.
 CPP_TARGETS = {
     "fuzz_wire": {
-        "sources": ["bootstrap/address.cc", "bootstrap/handshake.cc", "common/sha256.cc",
-                    "common/error.cc"],
+        "sources": ["bootstrap/address.cc", "bootstrap/handshake.cc",
+                    "bootstrap/abort_notice.cc", "common/sha256.cc", "common/error.cc"],
         "seeds": [],
     },
     "fuzz_cost_model": {
@@ -39,7 +39,7 @@ CPP_TARGETS = {
                   b"tcp_beta_s_per_b 1e-9\ngamma_s_per_b 1e-10\n# a comment\n"],
     },
 }  # fmt: skip
-PY_TARGETS = ["json", "msccl", "fields"]
+PY_TARGETS = ["json", "msccl", "fields", "topology", "trace"]
 FLAGS = ["-std=c++17", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover"]
 
 

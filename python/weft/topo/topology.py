@@ -668,6 +668,7 @@ class _Builder:
 
 TOP_KEYS = {"format", "name", "step_bytes", "slice_bytes", "nodes", "ranks", "links", "cpus"}
 CPU_KEYS = {"ranks", "cores", "s_per_b"}
+MOST_BYTES = 1 << 40  # a step's budget or a slice, in a file
 NODE_KEYS = {"name", "kind", "host"}
 LINK_KEYS = {"a", "b", "latency_s", "bandwidth_Bps", "duplex", "class", "burst_bytes"}
 
@@ -695,9 +696,10 @@ def _parse(data, source: str) -> Topology:
             fail(where, f"'{key}' must be {names}, got {v!r}")
         return v
 
-    def integer(v, where, what, low=0):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            fail(where, f"{what} must be an integer >= {low}, got {v!r}")
+    def integer(v, where, what, low=0, high=2**31 - 1):
+        """A whole number in [low, high]: indices and counts are C ints, sizes C size_t."""
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            fail(where, f"{what} must be an integer from {low} to {high}, got {v!r}")
         return v
 
     obj(data, TOP_KEYS, "top level")
@@ -762,12 +764,14 @@ def _parse(data, source: str) -> Topology:
         "top level",
         "step_bytes",
         1,
+        MOST_BYTES,
     )
     slice_bytes = integer(
         get(data, "slice_bytes", (int,), "top level", _DEFAULT.slice_bytes, True),
         "top level",
         "slice_bytes",
         1,
+        MOST_BYTES,
     )
     try:
         return Topology(

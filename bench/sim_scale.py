@@ -3,18 +3,17 @@
     python bench/sim_scale.py [--only ring|hier|hier65536]
 
 Event simulations, each in a fresh process: a ring allreduce of 1 MiB on a 4096-rank ring
-topology, the hierarchical allreduce of 1 MiB on 8192 ranks (1024 hosts of 8: NVLink inside, a
-NIC each outside, one network switch) and of 16 KiB on 65536 ranks (8192 hosts of 8). Each
-reports the wall and CPU time of the whole call (making every rank's Plan in C++ on every core,
-packing it, routing, simulating on one core), the process's peak RSS and its RSS before the call
-(Python with weft and torch imported), the messages simulated and the simulated time.
+topology, and the hierarchical allreduce of 1 MiB on 8192 ranks (1024 hosts of 8: NVLink inside,
+a NIC each outside, one network switch) and on 65536 ranks (8192 hosts of 8). Each reports the
+wall and CPU time of the whole call (making every rank's Plan in C++ on every core, packing it,
+routing, simulating on one core), the process's peak RSS and its RSS before the call (Python with
+weft and torch imported), the messages simulated and the simulated time.
 ASTRA-sim, measured on this kind of machine (the issue): 125 s and 7.3 GB for one 1 MiB
 allreduce on a 4096-rank ring.
 
-hier's link phase is a ring across the hosts, 2 (hosts - 1) messages a rank when the shard has an
-element for every host: at 65536 ranks and 1 MiB that is 1.07e9 messages, which this event core
-(8-9 million a second) would take minutes over; 16 KiB keeps every rank's whole Plan (a shard of
-512 elements, so 2 x 512 link messages) and the world's size.
+Across a power of two of hosts (from 4), hier allreduces the shards by recursive halving and
+doubling: 2 log2(hosts) link messages a rank, where a ring across 8192 hosts would take
+2 x 8191 (1.07e9 messages in all at 1 MiB).
 
 Writes bench/results/sim_scale.{json,md,png}.
 """
@@ -47,10 +46,10 @@ CASES = {
         "nbytes": 1 << 20,
     },
     "hier65536": {
-        "title": "hier allreduce, 16 KiB, 65536 ranks (8192 hosts x 8)",
+        "title": "hier allreduce, 1 MiB, 65536 ranks (8192 hosts x 8)",
         "topology": "Topology.hosts(8192, 8)",
         "family": "hier",
-        "nbytes": 16 << 10,
+        "nbytes": 1 << 20,
     },
 }
 
@@ -119,9 +118,9 @@ def write_md(results: list[dict], path: Path) -> None:
     )
     lines += [
         "",
-        "hier's link phase is a ring across the hosts: 2 (hosts - 1) messages a rank where the "
-        "shard has an element for every host, so at 65536 ranks 1 MiB would be 1.07e9 "
-        "messages (minutes at this core's rate); 16 KiB keeps 2 x 512 link messages a rank. "
+        "Across 1024 and 8192 hosts hier's link phase is recursive halving and doubling: "
+        "2 log2(hosts) link messages a rank (a ring across 8192 hosts would be 2 x 8191, "
+        "1.07e9 messages in all). "
         "Each batch of ranks' Plans is made on every core, so the CPU time (all threads) exceeds "
         "the wall time; the simulation itself runs on one.",
     ]

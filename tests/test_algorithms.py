@@ -85,6 +85,9 @@ PARAMS = [
     for c, algos in FAMILIES.items()
     for a in algos
     if applies(c, a, n, t) and n > 1 or (n == 1 and a in ("ring", "chain"))
+] + [
+    # Four hosts of two: the shards cross the hosts by recursive halving and doubling.
+    pytest.param(8, "hosts-of-2", "allreduce", "hier", id="allreduce-hier-ws8-hosts-of-2")
 ]
 
 

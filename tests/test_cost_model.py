@@ -91,6 +91,20 @@ def test_hierarchical_wins_across_slow_host_links():
     assert topo.choose("allreduce", 64 * MiB, world, m)[0] == "hier"
 
 
+@pytest.mark.parametrize(("hosts", "link_latencies"), [(8, 6), (6, 10), (16, 8)])
+def test_hier_prices_the_steps_its_shards_take_across_the_hosts(hosts, link_latencies):
+    # Empty shards cost latencies alone: 2 shm steps inside a host of 2, and across the hosts
+    # 2 log2(hosts) by halving and doubling where they are a power of two, 2 (hosts - 1) around
+    # a ring otherwise (tests/test_topo_check.py checks the Plans take those steps).
+    m = topo.CostModel()
+    m.shm = topo.LinkCost(alpha_s=2e-6, beta_s_per_b=1 / 8e9)
+    m.tcp = topo.LinkCost(alpha_s=40e-6, beta_s_per_b=1 / 0.125e9)
+    world = topo.Topology(size=2 * hosts, hosts=hosts, ranks_per_host=2)
+    assert topo.predict("hier", "allreduce", 0, world, m) == pytest.approx(
+        2 * m.shm.alpha_s + link_latencies * m.tcp.alpha_s
+    )
+
+
 def test_recursive_doubling_pays_shared_memory_inside_a_host():
     # 2 hosts x 2 ranks numbered host by host: rd's first round pairs ranks of one host (shm),
     # its second crosses (tcp). hier also sends one tcp message between two hosts (an exchange

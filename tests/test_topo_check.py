@@ -56,9 +56,12 @@ def test_every_builtin_passes_the_checker_on_1_to_33_ranks(collective):
     assert not failures, "\n".join(failures[:5])
 
 
-@pytest.mark.parametrize("ranks,hosts", [(6, 3), (9, 3), (12, 4), (8, [0, 0, 1, 1, 2, 2, 3, 3])])
+@pytest.mark.parametrize(
+    "ranks,hosts",
+    [(6, 3), (9, 3), (12, 4), (8, [0, 0, 1, 1, 2, 2, 3, 3]), (8, 8), (16, 8), (24, 8), (32, 16)],
+)
 def test_hier_on_other_host_layouts(ranks, hosts):
-    for count in (0, 1, 13):
+    for count in (0, 1, 13, 257):
         for in_place in (False, True):
             algo = topo.builtin(
                 "allreduce",
@@ -72,6 +75,22 @@ def test_hier_on_other_host_layouts(ranks, hosts):
             )
             report = topo.check(algo)
             assert report.ok, report
+
+
+def test_hier_crosses_a_power_of_two_of_hosts_by_halving_and_doubling():
+    """Across 8 hosts a rank's shard goes to partners 4, 2 and 1 hosts away and back (six
+    messages), not around a ring of the hosts (fourteen)."""
+    algo = topo.builtin("allreduce", "hier", 16, count=1024, hosts=8)
+    for rank in range(16):
+        across = [
+            step
+            for channel in algo.programs[rank].channels
+            for step in channel.steps
+            if {step.send, step.recv} - {None, rank ^ 1}
+        ]
+        host = rank // 2
+        partners = [(step.send // 2) ^ host for step in across]
+        assert partners == [4, 2, 1, 1, 2, 4], (rank, partners)
 
 
 @pytest.mark.parametrize("channels", [1, 2, 4])

@@ -108,6 +108,13 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
 // Plans the tuner times when a communicator is created.
 bool recursive_doubling_copies_result(int size, bool in_place);
 Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
+// Rabenseifner's allreduce among `ranks` (world ranks in order; `me` is one of
+// them) of Output[base, base + count), reading this rank's data from `from`
+// (Input or Output) at the same offsets. Returns how many of the steps it adds
+// come up to the one that first sends this rank's reduced block.
+size_t halving_doubling_allreduce_steps(const std::vector<int>& ranks, int me, Buf from,
+                                        size_t base, size_t count, bool finalize,
+                                        std::vector<Step>& steps);
 // Recursive halving reduce-scatter and recursive doubling allgather, for
 // power-of-two worlds (same contracts as the ring forms).
 Plan halving_reduce_scatter(const PlanContext& ctx, size_t count, bool finalize);
@@ -120,6 +127,11 @@ Plan doubling_allgather(const PlanContext& ctx, size_t count, bool in_place);
 inline bool hier_shard_crosses_in_one_exchange(int hosts, double shard_bytes) {
   return hosts == 2 && shard_bytes <= 256 << 10;
 }
+// From 4 hosts, a power of two of them, the shards are allreduced across the
+// hosts by recursive halving and doubling: the ring's bytes in 2 log2(hosts)
+// steps instead of 2 (hosts - 1). (Other counts would fold some hosts into
+// others, sending them a whole shard more; they keep the ring.)
+inline bool hier_across_halves(int hosts) { return hosts >= 4 && (hosts & (hosts - 1)) == 0; }
 Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // hier goes through `count` elements in pieces of one round of the shards'
 // rings (hosts x local steps of `step` elements), overlapping the host phases

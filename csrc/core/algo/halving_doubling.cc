@@ -41,36 +41,55 @@ struct Fold {
   int new_rank = -1;         // position in the group; -1 for a rank that sits out
   TreeNode node;             // parent: where this rank sits out; children: who sits out here
 
-  // `by_cpu`: fold the ranks that take turns on a CPU into its first rank.
-  Fold(const PlanContext& ctx, bool by_cpu) {
-    std::vector<int> parent(ctx.size, -1);
-    std::vector<int> leaders;  // the first rank of each CPU, or every rank
-    for (int r = 0; r < ctx.size; ++r) {
-      const int cpu = by_cpu && !ctx.shared_cpu.empty() ? ctx.shared_cpu[r] : -1;
-      const auto first = std::find_if(leaders.begin(), leaders.end(),
-                                      [&](int l) { return cpu >= 0 && ctx.shared_cpu[l] == cpu; });
-      if (first != leaders.end()) {
-        parent[r] = *first;
-      } else {
-        leaders.push_back(r);
-      }
-    }
-    const int count = static_cast<int>(leaders.size());
+  // `ranks` (world ranks, in order) as world rank `me`, one of them, sees
+  // them: of the first 2 * rem, each even one sits out under the one above.
+  Fold(const std::vector<int>& ranks, int me) {
+    const int count = static_cast<int>(ranks.size());
     group = fold_group(count);
     const int rem = count - group;
     for (int i = 0; i < count; ++i) {
-      if (i < 2 * rem && i % 2 == 0) {
-        parent[leaders[i]] = leaders[i + 1];
-      } else {
-        members.push_back(leaders[i]);
+      const bool folds = i < 2 * rem;
+      if (folds && i % 2 == 0) {
+        if (ranks[i] == me) node.parent = ranks[i + 1];
+        continue;
+      }
+      if (folds && ranks[i] == me) node.children.push_back(ranks[i - 1]);
+      if (ranks[i] == me) new_rank = static_cast<int>(members.size());
+      members.push_back(ranks[i]);
+    }
+  }
+
+  // The world's ranks; with `by_cpu`, the first rank of each CPU only, the
+  // others sitting out under it.
+  static Fold of_world(const PlanContext& ctx, bool by_cpu) {
+    std::vector<int> leaders;    // the first rank of each CPU, or every rank
+    std::vector<int> cpu_mates;  // the ranks sitting out under this one
+    int leader = ctx.rank;
+    for (int r = 0; r < ctx.size; ++r) {
+      const int cpu = by_cpu && !ctx.shared_cpu.empty() ? ctx.shared_cpu[r] : -1;
+      const auto first = cpu < 0 ? leaders.end()
+                                 : std::find_if(
+                                       leaders.begin(), leaders.end(),
+                                       [&](int l) { return ctx.shared_cpu[l] == cpu; });
+      if (first == leaders.end()) {
+        leaders.push_back(r);
+      } else if (r == ctx.rank) {
+        leader = *first;
+      } else if (*first == ctx.rank) {
+        cpu_mates.push_back(r);
       }
     }
-    node.parent = parent[ctx.rank];
-    for (int r = 0; r < ctx.size; ++r) {
-      if (parent[r] == ctx.rank) node.children.push_back(r);
+    if (leader != ctx.rank) {
+      Fold out({}, ctx.rank);
+      out.group = fold_group(static_cast<int>(leaders.size()));
+      out.node.parent = leader;
+      return out;
     }
-    const auto at = std::find(members.begin(), members.end(), ctx.rank);
-    if (at != members.end()) new_rank = static_cast<int>(at - members.begin());
+    Fold out(leaders, ctx.rank);
+    // The leader hears from the ranks sitting out under it in rank order.
+    out.node.children.insert(out.node.children.end(), cpu_mates.begin(), cpu_mates.end());
+    std::sort(out.node.children.begin(), out.node.children.end());
+    return out;
   }
 
   // The world rank at group position `pos`.
@@ -82,15 +101,16 @@ Step swap_with(int peer, Span send, Span receive) {
   return exchange_step(peer, send, peer, receive);
 }
 
-// The first steps of a folded plan over elements [base, base + count): the
-// inputs of the ranks sitting out are reduced into their parents' Output
-// (finished there, divided when `finalize`, if the group is that one rank).
-// Returns the buffer that holds this rank's running vector afterwards.
-Buf fold_in(const Fold& fold, size_t base, size_t count, bool finalize, std::vector<Step>& steps) {
+// The first steps of a folded plan over elements [base, base + count) of
+// `from` (Input, or Output holding this rank's data): the data of the ranks
+// sitting out is reduced into their parents' Output (finished there, divided
+// when `finalize`, if the group is that one rank). Returns the buffer that
+// holds this rank's running vector afterwards.
+Buf fold_in(const Fold& fold, Buf from, size_t base, size_t count, bool finalize,
+            std::vector<Step>& steps) {
   const Span output{Buf::Output, base, count};
-  reduce_up(fold.node, Span{Buf::Input, base, count}, output, output, finalize && fold.group == 1,
-            steps);
-  return fold.node.children.empty() ? Buf::Input : Buf::Output;
+  reduce_up(fold.node, Span{from, base, count}, output, output, finalize && fold.group == 1, steps);
+  return fold.node.children.empty() ? from : Buf::Output;
 }
 
 // The last steps of a folded plan: the result goes back to the ranks that
@@ -125,8 +145,8 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
   Plan plan;
   plan.algorithm = "rd";
   if (count == 0) return plan;
-  const Fold fold(ctx, /*by_cpu=*/true);
-  Buf cur = fold_in(fold, 0, count, finalize, plan.steps);
+  const Fold fold = Fold::of_world(ctx, /*by_cpu=*/true);
+  Buf cur = fold_in(fold, Buf::Input, 0, count, finalize, plan.steps);
   if (fold.new_rank >= 0) {
     plan.scratch_count = count;
     for (int mask = 1; mask < fold.group; mask *= 2) {
@@ -151,10 +171,15 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
 
 namespace {
 
-// Rabenseifner over elements [base, base + count).
-void rabenseifner_round(const Fold& fold, size_t base, size_t count, bool finalize,
-                        std::vector<Step>& steps) {
-  const Buf start = fold_in(fold, base, count, finalize, steps);
+// Rabenseifner over elements [base, base + count) of `from` (see fold_in).
+// Returns how many of the steps it adds come before this rank's reduced block
+// first leaves (the one that sends it included); for a rank that sits out,
+// those up to its send to the rank it sits out under.
+size_t rabenseifner_round(const Fold& fold, Buf from, size_t base, size_t count, bool finalize,
+                          std::vector<Step>& steps) {
+  const size_t first = steps.size();
+  const Buf start = fold_in(fold, from, base, count, finalize, steps);
+  size_t reduced_sent = steps.size() - first;
   if (fold.new_rank >= 0) {
     const size_t parts = fold.group;
     auto blocks = [&](Buf buf, size_t lo, size_t hi) {
@@ -179,6 +204,7 @@ void rabenseifner_round(const Fold& fold, size_t base, size_t count, bool finali
       hi = keep_hi;
       cur = Buf::Output;
     }
+    reduced_sent = steps.size() - first + (fold.group > 1 ? 1 : 0);
     // Allgather by recursive doubling: exchange what we hold for the
     // partner's equal-sized range. (A range received here is one we sent the
     // same partner while halving, so the partner has consumed that send.)
@@ -193,21 +219,30 @@ void rabenseifner_round(const Fold& fold, size_t base, size_t count, bool finali
     }
   }
   fold_out(fold, base, count, steps);
+  return reduced_sent;
 }
 
 }  // namespace
+
+size_t halving_doubling_allreduce_steps(const std::vector<int>& ranks, int me, Buf from,
+                                        size_t base, size_t count, bool finalize,
+                                        std::vector<Step>& steps) {
+  if (count == 0) return 0;
+  return rabenseifner_round(Fold(ranks, me), from, base, count, finalize, steps);
+}
 
 Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize) {
   if (ctx.size == 1) return local_copy(count, in_place, finalize);
   Plan plan;
   plan.algorithm = "rhd";
-  const Fold fold(ctx, /*by_cpu=*/false);
+  const Fold fold = Fold::of_world(ctx, /*by_cpu=*/false);
   // In rounds, as the ring goes: a round's halves are reduced and sent on
   // while they are still in cache, where one pass over a large buffer per
   // halving would read each half back from memory.
   const size_t round_limit = chunk_limit(ctx) * fold.group;
   for (size_t base = 0; base < count; base += round_limit) {
-    rabenseifner_round(fold, base, std::min(round_limit, count - base), finalize, plan.steps);
+    rabenseifner_round(fold, Buf::Input, base, std::min(round_limit, count - base), finalize,
+                       plan.steps);
   }
   return plan;
 }

@@ -5,7 +5,9 @@
 // (one ring per shard, all running at once, so every rank's inter-host link
 // carries 1/L of the data instead of one leader's link carrying all of it);
 // a ring allgather inside each host spreads the shards back. Between two
-// hosts a small shard crosses in one exchange instead of the ring's two steps.
+// hosts a small shard crosses in one exchange instead of the ring's two steps;
+// across 4, 8, 16... hosts the shards go by recursive halving and doubling,
+// whose latency grows with log2(hosts) rather than with the hosts.
 //
 // A large buffer goes through in pieces, one round of the shards' rings each,
 // and the host phases of the neighbouring pieces run inside the link phase of
@@ -70,6 +72,9 @@ Layout layout_of(const PlanContext& ctx) {
 // The steps of one piece of the buffer, [offset, offset + count), by phase.
 struct PieceSteps {
   std::vector<Step> host_reduce_scatter, across, host_allgather;
+  // How many of `across` come up to the one that first sends this rank's
+  // reduced shard (that one included).
+  size_t reduced_sent = 0;
 };
 
 PieceSteps piece_steps(const PlanContext& ctx, const Layout& at, size_t offset, size_t count,
@@ -96,8 +101,15 @@ PieceSteps piece_steps(const PlanContext& ctx, const Layout& at, size_t offset, 
       const size_t scratch = exchange_allreduce_steps(at.across.next(), from, mine.offset,
                                                       mine.count, finalize, out.across);
       plan.scratch_count = std::max(plan.scratch_count, scratch);
+      out.reduced_sent = out.across.size();
+    } else if (hier_across_halves(at.across.size())) {
+      out.reduced_sent = halving_doubling_allreduce_steps(
+          at.across.members, ctx.rank, from, mine.offset, mine.count, finalize, out.across);
     } else {
       ring_allreduce_steps(ctx, at.across, from, mine.offset, mine.count, finalize, out.across);
+      // The ring's reduce-scatter half takes one step per member but the
+      // last, and the allgather's first step sends the reduced part.
+      out.reduced_sent = std::min<size_t>(at.across.size(), out.across.size());
     }
   }
   if (shards > 1) ring_allgather_steps(ctx, at.local, out_shards, out.host_allgather);
@@ -131,15 +143,13 @@ Plan hierarchical_allreduce(const PlanContext& ctx, size_t count, bool in_place,
   }
   append(plan.steps, steps[0].host_reduce_scatter);
   for (size_t p = 0; p < pieces; ++p) {
-    // The first step of `across` sends; after the ring's reduce-scatter half
-    // (one step per member) this rank's reduced part has been sent. (With
-    // several pieces there are several hosts, so `across` has those steps.)
+    // The first step of `across` sends; the previous piece's allgather goes
+    // once this piece's reduced part has been sent.
     const std::vector<Step>& across = steps[p].across;
-    const size_t reduced_sent = std::min<size_t>(at.across.size(), across.size());
     for (size_t i = 0; i < across.size(); ++i) {
       plan.steps.push_back(across[i]);
       if (i == 0 && p + 1 < pieces) append(plan.steps, steps[p + 1].host_reduce_scatter);
-      if (i + 1 == reduced_sent && p > 0) append(plan.steps, steps[p - 1].host_allgather);
+      if (i + 1 == steps[p].reduced_sent && p > 0) append(plan.steps, steps[p - 1].host_allgather);
     }
   }
   append(plan.steps, steps[pieces - 1].host_allgather);

@@ -233,7 +233,11 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           // host's link, which all L of them share.
           const double local = 2 * (L - 1) * msg(model.shm, S / L) + (L - 1) / L * S * g;
           const bool one_exchange = algo::hier_shard_crosses_in_one_exchange(topo.hosts, S / L);
-          const double across = (one_exchange ? 1 : 2 * (H - 1)) * model.tcp.alpha_s +
+          const double across_steps = one_exchange ? 1
+                                      : algo::hier_across_halves(topo.hosts)
+                                          ? 2 * log2_floor(topo.hosts)
+                                          : 2 * (H - 1);
+          const double across = across_steps * model.tcp.alpha_s +
                                 2 * (H - 1) / H * S * model.tcp.beta_s_per_b +
                                 (one_exchange ? 1 : (H - 1) / H) * S / L * g;
           // In pieces, the host phases run beside the link phase, except the

@@ -5,8 +5,11 @@ every rank raises within 2 s an error listing each rank's (op, count, dtype, roo
 number), and the communicator stays usable. In the default mode every
 mismatch (count 1000 against 1001, dtype, op, root, order), at a size of one message and of
 many, over every algorithm family, ends in an error or in the right bytes: never a success
-with wrong bytes. The same holds for reduce_scatter (count, dtype), reduce (count, root) and
-broadcast (count) over each of their families (chain among them)."""
+with wrong bytes. The same holds for reduce_scatter, allgather and alltoall (count, dtype),
+reduce (count, root) and broadcast (count, dtype, root) over each of their families (chain
+among them). The hier allreduce runs with ranks 0, 1 on one host identity and 2, 3 on another
+(shm inside a host, tcp across); the debug checks are tried there too, and through torch's
+DETAIL over shm and tcp."""
 
 from __future__ import annotations
 
@@ -63,13 +66,24 @@ def other_calls(comm, case: str, count: int, odd: bool):
     size, rank = comm.size, comm.rank
     total = size * (size + 1) / 2
     n = count + 1 if odd and case.endswith("count") else count
+    dtype = np.int32 if odd and case.endswith("dtype") else np.float32
     if case.startswith("reduce_scatter"):
-        dtype = np.int32 if odd and case.endswith("dtype") else np.float32
         inp, out = np.full(n * size, rank + 1, dtype), np.zeros(n, dtype)
         return [(lambda: comm.reduce_scatter(inp, out=out), lambda: np.all(out == total))]
-    buf = np.full(n, rank + 1, np.float32)
-    if case == "broadcast_count":
-        return [(lambda: comm.broadcast(buf, root=0), lambda: np.all(buf == 1))]
+    if case.startswith("allgather"):
+        inp, out = np.full(n, rank + 1, dtype), np.zeros(n * size, dtype)
+        gathered = np.repeat(np.arange(1, size + 1), n)
+        return [(lambda: comm.allgather(inp, out=out), lambda: np.array_equal(out, gathered))]
+    if case.startswith("alltoall"):
+        # Block p of rank r's input, for rank p, holds r * size + p + 1.
+        inp = np.repeat(rank * size + np.arange(1, size + 1), n).astype(dtype)
+        out = np.zeros(n * size, dtype)
+        want = np.repeat(np.arange(size) * size + rank + 1, n)
+        return [(lambda: comm.alltoall(inp, out), lambda: np.array_equal(out, want))]
+    buf = np.full(n, rank + 1, dtype)
+    if case.startswith("broadcast"):
+        root = 1 if odd and case == "broadcast_root" else 0
+        return [(lambda: comm.broadcast(buf, root=root), lambda: np.all(buf == root + 1))]
     root = 1 if odd and case == "reduce_root" else 0  # reduce_count, reduce_root
     # Only the root's result is defined; elsewhere the buffer is the rank's own input.
     want = total if rank == root else rank + 1
@@ -82,8 +96,23 @@ OTHER_CASES = {
     "reduce_scatter_dtype": "reduce_scatter",
     "reduce_count": "reduce",
     "reduce_root": "reduce",
+    "allgather_count": "allgather",
+    "allgather_dtype": "allgather",
+    "alltoall_count": "alltoall",
+    "alltoall_dtype": "alltoall",
     "broadcast_count": "broadcast",
+    "broadcast_dtype": "broadcast",
+    "broadcast_root": "broadcast",
 }
+
+
+def rank_env(transport: str, **env) -> tuple[dict, object]:
+    """Ranks' ``env`` and ``env_per_rank`` for a transport: "shm", "tcp" (one host, forced), or
+    "hosts-of-2": ranks 0, 1 on one host identity and 2, 3 on another (shm inside a host, tcp
+    across), where the hier allreduce runs."""
+    if transport == "hosts-of-2":
+        return env, lambda rank: {"WEFT_HOST_ID": f"weft-mismatch-host-{rank // 2}"}
+    return {"WEFT_TRANSPORT": transport, **env}, None
 
 
 def run_calls(made) -> list[dict]:
@@ -101,17 +130,23 @@ def run_calls(made) -> list[dict]:
     return infos
 
 
-def scenario_debug(rank, size, store):
+def scenario_debug(rank, size, store, algo, cases):
     import weft
 
-    comm = weft.Communicator(store, rank, size, name="debug", timeout=30)
+    comm = weft.Communicator(store, rank, size, name="debug", timeout=30, algo=algo)
     got = {}
-    for case in CASES:
-        got[case] = run_calls(calls(comm, case, SMALL, rank == ODD))
+    for case in cases:
+        make = calls if case in CASES else other_calls
+        got[case] = run_calls(make(comm, case, SMALL, rank == ODD))
     after = np.full(7, rank + 1, np.float32)
-    comm.allreduce(after)
-    got["usable"] = bool(np.all(after == size * (size + 1) / 2))
+    used = outcome(lambda: comm.allreduce(after))
+    got["usable"] = used["raised"] is None and bool(np.all(after == size * (size + 1) / 2))
     return got
+
+
+# alltoall's counts are each rank's own (they may differ, as alltoallv's do), so its count
+# mismatch (blocks of 1001 elements against 1000) has a test of its own.
+DEBUG_CASES = (*CASES, *(case for case in OTHER_CASES if case != "alltoall_count"))
 
 
 def debug_problems(results, kind: str) -> list[str]:
@@ -120,9 +155,11 @@ def debug_problems(results, kind: str) -> list[str]:
     problems = []
     for rank, got in enumerate(results):
         if not got["usable"]:
-            problems.append(f"rank {rank}: the communicator gave a wrong sum after the checks")
-        for case in CASES:
-            for info in got[case]:
+            problems.append(f"rank {rank}: an allreduce after the checks failed or was wrong")
+        for case, infos in got.items():
+            if case == "usable":
+                continue
+            for info in infos:
                 message = info.get("message") or ""
                 where = f"rank {rank}, {case}"
                 if info["raised"] != kind or "WEFT_DEBUG_CHECKS" not in message:
@@ -138,10 +175,22 @@ def debug_problems(results, kind: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", ["shm", "tcp", "hosts-of-2"])
 def test_debug_checks_list_every_rank_call_on_every_rank(transport):
-    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off", "WEFT_DEBUG_CHECKS": "1"}
-    with Ranks(scenario_debug, 4, env=env) as ranks:
+    env, per_rank = rank_env(transport, WEFT_TUNE="off", WEFT_DEBUG_CHECKS="1")
+    algo = "hier" if transport == "hosts-of-2" else ""
+    args = (algo, DEBUG_CASES)
+    with Ranks(scenario_debug, 4, *args, env=env, env_per_rank=per_rank) as ranks:
+        results = ranks.results(timeout=180)
+    problems = debug_problems(results, "PeerError")
+    assert not problems, "\n".join(problems)
+
+
+def test_debug_checks_list_every_rank_call_of_an_alltoall_count_mismatch():
+    """Equal blocks of 1001 elements on one rank against 1000 on the others: a mismatch as
+    much as allreduce's, listed the same way, and the communicator stays usable."""
+    env = {"WEFT_TRANSPORT": "shm", "WEFT_TUNE": "off", "WEFT_DEBUG_CHECKS": "1"}
+    with Ranks(scenario_debug, 4, "", ["alltoall_count"], env=env) as ranks:
         results = ranks.results(timeout=180)
     problems = debug_problems(results, "PeerError")
     assert not problems, "\n".join(problems)
@@ -191,11 +240,12 @@ def scenario_torch_detail(rank, size, store):
     return got
 
 
-def test_torch_detail_debug_turns_on_the_checks_through_torch():
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_torch_detail_debug_turns_on_the_checks_through_torch(transport):
     """Under torch's DETAIL, init_process_group("weft") works (torch's ProcessGroupWrapper is
     not put around weft's groups) and weft's checks list every rank's call."""
-    env = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "WEFT_TUNE": "off"}
-    with Ranks(scenario_torch_detail, 4, env=env) as ranks:
+    env, per_rank = rank_env(transport, TORCH_DISTRIBUTED_DEBUG="DETAIL", WEFT_TUNE="off")
+    with Ranks(scenario_torch_detail, 4, env=env, env_per_rank=per_rank) as ranks:
         results = ranks.results(timeout=180)
     problems = debug_problems(results, "DistBackendError")
     assert not problems, "\n".join(problems)
@@ -208,28 +258,44 @@ def scenario_default(rank, size, store, runs):
     got = []
     for family, case in runs:
         for count in (SMALL, LARGE):
-            name = f"mismatch-{family}-{count}-{case}"
+            name = f"mismatch-{family or 'default'}-{count}-{case}"
             start = time.monotonic()
             comm = weft.Communicator(
                 store, rank, size, name=name, timeout=DEFAULT_TIMEOUT_S, algo=family
             )
+            # The family the communicator uses: the one forced, unless weft chose another.
+            collective = "allreduce" if case in CASES else OTHER_CASES[case]
+            chosen = comm.algorithm(collective, count * 4)[0] if family else family
             make = calls if case in CASES else other_calls
             infos = run_calls(make(comm, case, count, rank == ODD))
             for info in infos:
-                info.update(case=name, total=time.monotonic() - start)
+                info.update(case=name, total=time.monotonic() - start, family=family, chosen=chosen)
             got += infos
             del comm
     return got
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_default_mode_never_succeeds_with_wrong_bytes(transport):
+def default_runs(transport: str) -> list[tuple[str, str]]:
+    """(family, case) pairs: every family on one host over shm and tcp (alltoall, which has
+    one algorithm, under its default), and on two hosts the families that need them."""
     import weft
 
+    if transport == "hosts-of-2":
+        one_host = weft.algorithms("allreduce")
+        several = [f for f in weft.algorithms("allreduce", 2) if f not in one_host]
+        return [(family, case) for family in several for case in CASES]
     runs = [(family, case) for family in weft.algorithms("allreduce") for case in CASES]
-    runs += [(family, case) for case, c in OTHER_CASES.items() for family in weft.algorithms(c)]
-    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off"}
-    with Ranks(scenario_default, 4, runs, env=env) as ranks:
+    for case, collective in OTHER_CASES.items():
+        runs += [(family, case) for family in weft.algorithms(collective) or [""]]
+    return runs
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "hosts-of-2"])
+def test_default_mode_never_succeeds_with_wrong_bytes(transport):
+    runs = default_runs(transport)
+    assert runs, f"no algorithm family to run over {transport}"
+    env, per_rank = rank_env(transport, WEFT_TUNE="off")
+    with Ranks(scenario_default, 4, runs, env=env, env_per_rank=per_rank) as ranks:
         results = ranks.results(timeout=900)
     problems = []
     for rank, infos in enumerate(results):
@@ -238,6 +304,8 @@ def test_default_mode_never_succeeds_with_wrong_bytes(transport):
                 problems.append(f"rank {rank}, {info['case']}: succeeded with wrong bytes")
             elif info["raised"] and "Error" not in info["mro"]:
                 problems.append(f"rank {rank}, {info['case']}: not a weft error: {info}")
+            if info["chosen"] != info["family"]:
+                problems.append(f"rank {rank}, {info['case']}: ran {info['chosen']} instead")
             if info["total"] > DEFAULT_TIMEOUT_S + 5:
                 problems.append(f"rank {rank}, {info['case']}: took {info['total']:.1f} s")
     assert not problems, "\n".join(problems)

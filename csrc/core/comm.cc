@@ -777,6 +777,52 @@ void Communicator::agree_on_call(uint64_t seq, const char* name, DataType dtype,
       listing);
 }
 
+void Communicator::agree_on_alltoall_counts(uint64_t seq, DataType dtype,
+                                            const std::vector<size_t>& send_counts,
+                                            const std::vector<size_t>& recv_counts) {
+  // Row r of `all`: rank r's send counts, then its receive counts.
+  const size_t row = 2 * static_cast<size_t>(size_);
+  std::vector<uint64_t> mine(send_counts.begin(), send_counts.end());
+  mine.insert(mine.end(), recv_counts.begin(), recv_counts.end());
+  std::vector<uint64_t> all(row * size_);
+  const PlanKey key{Collective::Allgather, row * sizeof(uint64_t), 1, 0, false, false};
+  execute("check", seq, cached_plan(key, Algorithm::Ring, DataType::UInt8), mine.data(), all.data(),
+          DataType::UInt8, ReduceOp::Sum, all.size() * sizeof(uint64_t), 0);
+  auto sends = [&](int from, int to) { return all[from * row + to]; };
+  auto expects = [&](int at, int from) { return all[at * row + size_ + from]; };
+  constexpr int kListed = 16;
+  std::string listing;
+  int differ = 0;
+  for (int from = 0; from < size_; ++from) {
+    for (int to = 0; to < size_; ++to) {
+      if (sends(from, to) == expects(to, from) || ++differ > kListed) continue;
+      listing += "\n  rank " + std::to_string(from) + " sends rank " + std::to_string(to) + " " +
+                 std::to_string(sends(from, to)) + " elements, rank " + std::to_string(to) +
+                 " expects " + std::to_string(expects(to, from));
+    }
+  }
+  if (differ == 0) return;
+  if (differ > kListed) listing += "\n  and " + std::to_string(differ - kListed) + " pairs more";
+  // Each rank's call as agree_on_call lists them (count: all it sends).
+  std::string calls;
+  for (int r = 0; r < size_; ++r) {
+    Call call{};
+    std::strncpy(call.op, "alltoall", sizeof(call.op) - 1);
+    call.seq = seq;
+    call.dtype = dtype;
+    call.reduce = ReduceOp::Sum;
+    for (int to = 0; to < size_; ++to) call.count += sends(r, to);
+    calls += "\n  rank " + std::to_string(r) + ": " + describe(call);
+  }
+  throw OutOfStepError(
+      "ranks out of step (WEFT_DEBUG_CHECKS): the ranks' alltoall counts as "
+      "operation #" +
+      std::to_string(seq) +
+      " do not pair up; make what each rank sends a peer what that peer "
+      "expects from it:" +
+      calls + listing);
+}
+
 template <typename Body>
 void Communicator::recorded(uint64_t seq, const char* name, DataType dtype, ReduceOp op,
                             size_t count, int root, Body body) {
@@ -798,11 +844,13 @@ void Communicator::recorded(uint64_t seq, const char* name, DataType dtype, Redu
 template <typename MakePlan>
 std::shared_ptr<Work> Communicator::submit(const char* name, const void* in, void* out,
                                            DataType dtype, ReduceOp op, size_t count, int root,
-                                           size_t out_bytes, bool async, MakePlan make) {
+                                           size_t out_bytes, bool async, MakePlan make,
+                                           std::function<void(uint64_t seq)> debug_check) {
   check_usable();
   return queue_.submit(
       [=](uint64_t seq, Work&) {
         recorded(seq, name, dtype, op, count, root, [&] {
+          if (debug_check && config().debug_checks) debug_check(seq);
           check_usable();
           execute(name, seq, make(), in, out, dtype, op, out_bytes, root);
         });
@@ -954,8 +1002,12 @@ std::shared_ptr<Work> Communicator::alltoall(const void* in, void* out,
               std::nullopt);
   auto plan = std::make_shared<Plan>(
       algo::pairwise_alltoall(plan_context(dtype), send_counts, recv_counts));
-  return submit("alltoall", in, out, dtype, ReduceOp::Sum, in_count, 0,
-                out_count * element_size(dtype), async, [plan]() -> const Plan& { return *plan; });
+  return submit(
+      "alltoall", in, out, dtype, ReduceOp::Sum, in_count, 0, out_count * element_size(dtype),
+      async, [plan]() -> const Plan& { return *plan; },
+      [this, dtype, send_counts, recv_counts](uint64_t seq) {
+        agree_on_alltoall_counts(seq, dtype, send_counts, recv_counts);
+      });
 }
 
 std::shared_ptr<Work> Communicator::gather(const void* in, void* out, size_t count, DataType dtype,

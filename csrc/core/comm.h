@@ -175,11 +175,20 @@ class Communicator {
   // all; throws OutOfStepError listing them where they differ.
   void agree_on_call(uint64_t seq, const char* name, DataType dtype, ReduceOp op, size_t count,
                      int root);
+  // WEFT_DEBUG_CHECKS for alltoall: every rank's counts, gathered from all;
+  // throws OutOfStepError listing the pairs where what one rank sends is not
+  // what the other expects.
+  void agree_on_alltoall_counts(uint64_t seq, DataType dtype,
+                                const std::vector<size_t>& send_counts,
+                                const std::vector<size_t>& recv_counts);
   // Queues a collective; `make` builds its Plan when it runs.
+  // `debug_check`, where given, runs with WEFT_DEBUG_CHECKS after the ranks
+  // agreed on the call, before any byte of it moves.
   template <typename MakePlan>
   std::shared_ptr<Work> submit(const char* name, const void* in, void* out, DataType dtype,
                                ReduceOp op, size_t count, int root, size_t out_bytes, bool async,
-                               MakePlan make);
+                               MakePlan make,
+                               std::function<void(uint64_t seq)> debug_check = nullptr);
   // Queues a collective whose family is chosen per call: by the trials
   // while they run (timing the call for them), then by what they chose.
   std::shared_ptr<Work> submit_chosen(const char* name, const PlanKey& key, const void* in,

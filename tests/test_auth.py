@@ -6,6 +6,7 @@ once the mesh is built."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -16,7 +17,18 @@ import time
 import numpy as np
 import pytest
 from listeners import listening
-from stranger import CHALLENGE_MAGIC, impostor, mac
+from stranger import (
+    CHALLENGE_BYTES,
+    CHALLENGE_MAGIC,
+    PROOF_BYTES,
+    Relay,
+    closed_by_peer,
+    impostor,
+    mac,
+    recv_exactly,
+    redirected,
+)
+from stranger import hello as hello_bytes
 from weft_proc import Ranks, mark
 
 TIMEOUT_S = 20.0
@@ -275,3 +287,211 @@ def test_a_bad_listen_address_is_refused(env, words):
     with Ranks(build_comm, 1, env=env) as ranks:
         (result,) = ranks.results(30)
     assert result["raised"] == "InvalidArgument" and words in result["message"], result
+
+
+# ---- a real rank's handshake, captured on the wire, replayed and reflected ------------------
+
+
+def two_communicators(rank, size, store, go, counts):
+    """Communicators 'first' and 'second' in the same processes, each checked by allreduces. The
+    last rank starts only once ``go[0]`` exists; in 'second' it reads on after publishing its
+    address only once ``go[1]`` does (the others wait for it in the accept loop)."""
+    import weft
+
+    last = rank == size - 1
+    if last:
+        wait_for_file(go[0], 60)
+    comms, after, wrong = [], [], 0
+    for name, held in (("first", None), ("second", go[1])):
+        rank_store = HeldStore(store, held) if last and held else store
+        comm = weft.Communicator(rank_store, rank, size, name=name, timeout=TIMEOUT_S)
+        comms.append(comm)  # kept until every rank is done with it
+        after += listening(os.getpid())
+        wrong += wrong_in_allreduces(comm, counts)
+        mark(f"{name} built")
+    return {"listening_after": after, "wrong": wrong}
+
+
+def attempt(port: int, first: bytes, then=None) -> dict:
+    """Sends ``first`` to a rank's listener at ``port``; with ``then`` (bytes, or a function of
+    the challenge giving them), reads the challenge and sends ``then``. Says what came back,
+    whether the rank then closed the connection (dropped it) within 5 s, and the port it came
+    from (to find the rank's log line)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        seen = {"port": s.getsockname()[1], "challenge": b""}
+        s.sendall(first)
+        if then is not None:
+            seen["challenge"] = recv_exactly(s, CHALLENGE_BYTES)
+            s.sendall(then(seen["challenge"]) if callable(then) else then)
+        seen["dropped"] = closed_by_peer(s, 5)
+    return seen
+
+
+def dropped_line(port: int, why: str) -> str:
+    return f"bootstrap: dropped a connection from 127.0.0.1:{port}: {why}"
+
+
+@pytest.fixture(scope="module", params=["from-env", "drawn"])
+def captured(request, tmp_path_factory):
+    """Four ranks over tcp whose last rank reaches rank 0 through a Relay (the Store names the
+    relay's port as rank 0's): everything rank 3 exchanges with rank 0 in its handshakes is
+    recorded. Its first connection is cut once its proof arrived, so rank 0 never sees that
+    proof, and its next connections wait while the test replays and reflects what was captured
+    to rank 0's listener (its socket from rank 3 still free), then to rank 0's listener of the
+    next communicator of the job. What each attempt got back, the ranks' results and rank 0's
+    log are returned for the tests below."""
+    from weft._C import wire
+
+    tmp = tmp_path_factory.mktemp(f"captured-{request.param}")
+    go = [str(tmp / "start"), str(tmp / "second")]
+    env = {"WEFT_TRANSPORT": "tcp", "WEFT_DEBUG": "INFO", "WEFT_TUNE": "off"}
+    if request.param == "from-env":
+        env["WEFT_JOB_SECRET"] = SECRET  # the same for both communicators
+    size, last = 4, 3
+    out = {"size": size, "job_error": None}
+    with Ranks(two_communicators, size, go, COUNTS, env=env) as ranks:
+        store = ranks._store  # the job's Store, hosted by this process
+        key = "weft/first/addr/0"
+        entry = store.get(key)
+        rank0_port = wire.decode_address(entry)[2]
+
+        def from_last(hello: bytes) -> bool:
+            return wire.decode_hello(hello)[0] == last
+
+        def own_mac(challenge: bytes) -> bytes:
+            return challenge[36:]
+
+        with Relay(rank0_port, cut=from_last) as relay:
+            store.set(key, redirected(entry, relay.port))
+            drawn = "WEFT_JOB_SECRET" not in env
+            out["secret"] = store.get("weft/first/secret") if drawn else SECRET.encode()
+            release(go[0])  # rank 3 starts, reads the address above and connects to the relay
+            assert relay.was_cut.wait(60), "rank 3 never connected to rank 0 through the relay"
+            (cut,) = [h for h in relay.handshakes if h.get("cut")]
+            hello, proof = cut["hello"], cut["proof"]
+            out["cut"] = cut
+            # Rank 0's listener still waits for this very socket of rank 3's.
+            out["replayed"] = attempt(rank0_port, hello, proof)
+            out["replayed_at_once"] = attempt(rank0_port, hello + proof)
+            nonce = os.urandom(32)
+            out["reflected"] = attempt(rank0_port, hello_bytes(last, 0, 0, nonce), own_mac)
+            out["reflected"]["nonce"] = nonce
+            out["challenge_as_hello"] = attempt(rank0_port, out["reflected"]["challenge"])
+            out["old_mac_as_proof"] = attempt(rank0_port, hello, cut["challenge"][36:])
+            relay.resume.set()
+            try:
+                ranks.wait_mark(0, "first built", 60)
+                # The job's next communicator, rank 3 held: rank 0 waits for its sockets.
+                second_port = wait_listening(ranks, [0])[0][0][1]
+                out["other_communicator"] = attempt(second_port, hello, proof)
+                # A proof right in all but the communicator: that of 'first' over this
+                # listener's nonce, with the secret of 'second' (what a relay from 'first'
+                # could get a rank to make).
+                second_secret = store.get("weft/second/secret") if drawn else SECRET.encode()
+                nonce = os.urandom(32)
+
+                def first_proof(challenge: bytes) -> bytes:
+                    args = (second_secret, "weft/first", size, last, 0, 0, nonce, challenge[4:36])
+                    return mac("weft connect", *args)
+
+                first_hello = hello_bytes(last, 0, 0, nonce)
+                out["first_prefix"] = attempt(second_port, first_hello, first_proof)
+                out["first_prefix"].update(nonce=nonce, secret=second_secret)
+                release(go[1])
+                out["results"] = ranks.results(60)
+            except AssertionError as e:  # a rank failed or hung: told by the tests below
+                out["job_error"] = str(e)
+            out["handshakes"] = list(relay.handshakes)
+        out["log"] = ranks.stderr(0)
+    return out
+
+
+def test_a_real_ranks_handshake_never_carries_the_secret(captured):
+    """What rank 3 sent and got on every socket to rank 0, as it crossed a relay: the messages
+    of docs/security.md's table, whose MACs are the HMACs of the fresh nonces it says; neither
+    the secret, nor a piece of it, nor its hex, base64 or hash is among those bytes."""
+    from weft._C import wire
+
+    secret, size = captured["secret"], captured["size"]
+    # Every handshake that got as far as its proof (ranks 1 and 2 may have come through too).
+    handshakes = [h for h in captured["handshakes"] if len(h.get("proof", b"")) == PROOF_BYTES]
+    from_last = [h for h in handshakes if wire.decode_hello(h["hello"])[0] == 3]
+    assert len(from_last) >= 2, captured["handshakes"]  # the cut socket and its successors
+    forbidden = [
+        secret,
+        secret.hex().encode(),
+        secret.hex().upper().encode(),
+        base64.b64encode(secret),
+        hashlib.sha256(secret).digest(),
+        *(secret[i : i + 8] for i in range(len(secret) - 7)),
+    ]
+    nonces = []
+    for h in handshakes:
+        wire_bytes = h["hello"] + h["challenge"] + h["proof"] + h.get("welcome", b"")
+        for piece in forbidden:
+            assert piece not in wire_bytes, f"{piece!r} crossed the wire in {h}"
+        sender, to, index = wire.decode_hello(h["hello"])
+        connect_nonce, accept_nonce = h["hello"][16:], h["challenge"][4:36]
+        args = (secret, "weft/first", size, sender, to, index, connect_nonce, accept_nonce)
+        assert h["challenge"][36:] == mac("weft accept", *args)
+        assert h["proof"] == mac("weft connect", *args)
+        nonces += [connect_nonce, accept_nonce]
+    assert len(set(nonces)) == len(nonces), "a nonce came twice"
+
+
+def test_a_captured_proof_replayed_later_is_refused(captured):
+    """Rank 3's genuine hello and proof, never delivered, replayed to rank 0's listener while it
+    still waits for that socket: rank 0 answers with a new nonce, so the proof does not match;
+    the connection is dropped and logged at INFO, so is the same replayed in one piece."""
+    cut, log = captured["cut"], captured["log"]
+    assert dropped_line(cut["upstream_port"], "closed before completing the handshake") in log
+    replayed = captured["replayed"]
+    assert replayed["challenge"][4:36] != cut["challenge"][4:36], "rank 0 reused its nonce"
+    for name in ("replayed", "replayed_at_once"):
+        seen = captured[name]
+        assert seen["dropped"], f"{name}: rank 0 kept a replayed handshake"
+        assert dropped_line(seen["port"], "wrong proof of the job secret") in log, name
+
+
+def test_a_listeners_own_mac_reflected_is_refused(captured):
+    """Rank 0's MAC sent back to it as the proof (the same transcript, the other label), its
+    earlier MAC for the captured hello, and its own challenge sent as a hello: each dropped."""
+    secret, size, log = captured["secret"], captured["size"], captured["log"]
+    reflected = captured["reflected"]
+    challenge = reflected["challenge"]
+    args = (secret, "weft/first", size, 3, 0, 0, reflected["nonce"], challenge[4:36])
+    assert challenge[36:] == mac("weft accept", *args)  # a genuine MAC of this transcript
+    assert mac("weft connect", *args) != challenge[36:]
+    for name in ("reflected", "old_mac_as_proof"):
+        seen = captured[name]
+        assert seen["dropped"], f"{name}: rank 0 took its own MAC as a proof"
+        assert dropped_line(seen["port"], "wrong proof of the job secret") in log, name
+    seen = captured["challenge_as_hello"]
+    assert seen["dropped"]
+    assert dropped_line(seen["port"], "not a weft hello of this version") in log
+
+
+def test_a_captured_handshake_is_refused_by_another_communicator(captured):
+    """Rank 3's hello and proof for communicator 'first', replayed to rank 0's listener of
+    'second' (the same job, and with WEFT_JOB_SECRET the same secret) while it waits for that
+    socket, and a proof computed for 'first' over that listener's challenge: dropped, logged."""
+    assert "first_prefix" in captured, captured["job_error"]
+    seen = captured["other_communicator"]
+    assert seen["dropped"], "communicator 'second' took a handshake of 'first'"
+    assert dropped_line(seen["port"], "wrong proof of the job secret") in captured["log"]
+    # With this listener's own nonces and secret, a proof made for 'first' is refused too: the
+    # communicator's name is part of what the MACs cover.
+    seen = captured["first_prefix"]
+    args = (seen["secret"], "weft/second", captured["size"], 3, 0, 0, seen["nonce"])
+    assert seen["challenge"][36:] == mac("weft accept", *args, seen["challenge"][4:36])
+    assert seen["dropped"], "communicator 'second' took a proof made for 'first'"
+    assert dropped_line(seen["port"], "wrong proof of the job secret") in captured["log"]
+
+
+def test_the_job_finishes_right_alongside_the_replays(captured):
+    """Both communicators, their sockets from rank 3 to rank 0 relayed, compute correct
+    allreduces; nothing listens once they are built."""
+    assert captured["job_error"] is None, captured["job_error"]
+    for rank, r in enumerate(captured["results"]):
+        assert r["wrong"] == 0, f"rank {rank}: {r['wrong']} wrong elements"
+        assert r["listening_after"] == [], f"rank {rank} still listens: {r['listening_after']}"

@@ -738,6 +738,18 @@ struct Call {
   }
 };
 
+Call call_of(const char* name, uint64_t seq, DataType dtype, ReduceOp op, size_t count, int root) {
+  Call c{};
+  std::strncpy(c.op, name, sizeof(c.op) - 1);
+  c.seq = seq;
+  c.count = count;
+  c.root = root;
+  c.dtype = dtype;
+  c.reduce = op;
+  c.own_counts = std::strcmp(name, "alltoall") == 0 || std::strcmp(name, "plan") == 0;
+  return c;
+}
+
 std::string describe(const Call& c) {
   return std::string(c.op) + "(count=" + std::to_string(c.count) + ", dtype=" + to_string(c.dtype) +
          ", op=" + to_string(c.reduce) + ", root=" + std::to_string(c.root) +
@@ -748,14 +760,7 @@ std::string describe(const Call& c) {
 
 void Communicator::agree_on_call(uint64_t seq, const char* name, DataType dtype, ReduceOp op,
                                  size_t count, int root) {
-  Call mine{};
-  std::strncpy(mine.op, name, sizeof(mine.op) - 1);
-  mine.seq = seq;
-  mine.count = count;
-  mine.root = root;
-  mine.dtype = dtype;
-  mine.reduce = op;
-  mine.own_counts = std::strcmp(name, "alltoall") == 0 || std::strcmp(name, "plan") == 0;
+  const Call mine = call_of(name, seq, dtype, op, count, root);
   std::vector<Call> all(size_);
   // Every rank runs the same check whatever it was called for: the same
   // Plan and signature, so the calls arrive even where they differ.
@@ -806,12 +811,9 @@ void Communicator::agree_on_alltoall_counts(uint64_t seq, DataType dtype,
   // Each rank's call as agree_on_call lists them (count: all it sends).
   std::string calls;
   for (int r = 0; r < size_; ++r) {
-    Call call{};
-    std::strncpy(call.op, "alltoall", sizeof(call.op) - 1);
-    call.seq = seq;
-    call.dtype = dtype;
-    call.reduce = ReduceOp::Sum;
-    for (int to = 0; to < size_; ++to) call.count += sends(r, to);
+    size_t sent = 0;
+    for (int to = 0; to < size_; ++to) sent += sends(r, to);
+    const Call call = call_of("alltoall", seq, dtype, ReduceOp::Sum, sent, 0);
     calls += "\n  rank " + std::to_string(r) + ": " + describe(call);
   }
   throw OutOfStepError(

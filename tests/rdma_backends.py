@@ -30,11 +30,9 @@ def missing(backend: str) -> str | None:
 
 
 def env(backend: str) -> dict[str, str]:
-    """What a rank needs in its environment to use ``backend``. Over the tcp provider the
-    protocol sends whatever fits a slot eagerly; the tests hold it to a NIC's 64 KiB eager
-    limit, so that larger messages take the rendezvous path they take on a NIC."""
+    """What a rank needs in its environment to use ``backend``."""
     if backend == "ofi":
-        return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp", "WEFT_RDMA_EAGER_BYTES": "65536"}
+        return {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp"}
     return {"WEFT_TRANSPORT": "ibverbs", "WEFT_IBVERBS_LIB": str(verbs_emulator())}
 
 

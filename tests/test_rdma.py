@@ -163,39 +163,6 @@ def case_count_writes(ctx, count):
     return {kind: after[kind] - before[kind] for kind in after}
 
 
-def scenario_count_writes(rank, size, store, timeout_s, count):
-    import numpy as np
-    import weft
-
-    comm = weft.Communicator(store, rank, size, timeout=timeout_s, algo="ring")
-    buf = np.full(count, rank + 1, np.float32)
-    comm.barrier()
-    before = weft._C.rdma_writes()
-    comm.allreduce(buf)
-    comm.barrier()
-    after = weft._C.rdma_writes()
-    return {"right": bool((buf == 3).all()), **{k: after[k] - before[k] for k in after}}
-
-
-def test_the_tcp_provider_sends_what_fits_a_slot_eagerly():
-    """Over libfabric's tcp provider every write goes through the kernel's sockets, so a
-    rendezvous saves no copy: a 2-rank ring allreduce of 1 MiB (512 KiB messages, 1 MiB slots)
-    goes eagerly, without one rendezvous write, and sums right."""
-    reason = rdma_backends.missing("ofi")
-    if reason:
-        pytest.skip(reason)
-    env = {"WEFT_TRANSPORT": "ofi", "FI_PROVIDER": "tcp", "WEFT_TUNE": "off"}
-    per_rank = lambda rank: {"WEFT_HOST_ID": f"weft-rdma-eager-{rank}"}  # noqa: E731
-    with Ranks(
-        scenario_count_writes, 2, SHORT_TIMEOUT_S, 2**18, env=env, env_per_rank=per_rank
-    ) as ranks:
-        got = [ranks.result(r, timeout=SHORT_TIMEOUT_S + SLACK_S + 60) for r in range(2)]
-    for rank, writes in enumerate(got):
-        assert writes["right"], f"rank {rank}: wrong sum"
-        assert writes["eager"] > 0, writes
-        assert writes["ready_to_send"] == writes["clear_to_send"] == writes["payload"] == 0, writes
-
-
 @pytest.mark.parametrize("count", [1000, 2**20])
 def test_write_counts_follow_the_protocol(pools, backend, count):
     """Small messages go eagerly (no rendezvous write at all), large ones by rendezvous, where

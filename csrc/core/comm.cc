@@ -212,8 +212,7 @@ void Communicator::connect(Store& store, const std::string& name) {
             make_shm_connection(control, rank_, p, mesh_->peer(p).pid, channel, opts, timeout_s());
       } else if (cfg.transport == TransportChoice::Ofi || use_ibverbs) {
         // RDMA connections take tcp's geometry (WEFT_TCP_SLOT_BYTES, _SLOTS).
-        RdmaOptions opts{tcp_slot_bytes_, tcp_slots_, cfg.rdma_bad_key, std::nullopt};
-        if (cfg.rdma_eager_bytes >= 0) opts.eager_bytes = cfg.rdma_eager_bytes;
+        RdmaOptions opts{tcp_slot_bytes_, tcp_slots_, cfg.rdma_bad_key};
         conn = use_ibverbs ? make_ibverbs_connection(control, rank_, opts, timeout_s())
                            : make_ofi_connection(control, rank_ < p, opts, timeout_s());
       } else {

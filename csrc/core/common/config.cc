@@ -124,7 +124,6 @@ Config parse() {
     c.rdma_bad_key = name == "bad_key";
     c.rdma_slow_connect = name == "slow_connect";
   }
-  c.rdma_eager_bytes = env_long("WEFT_RDMA_EAGER_BYTES", c.rdma_eager_bytes);
   if (const char* lib = env("WEFT_IBVERBS_LIB")) c.ibverbs_lib = lib;
   if (const char* hca = env("WEFT_IB_HCA")) c.ib_hca = hca;
   c.ib_gid_index = env_int_in("WEFT_IB_GID_INDEX", c.ib_gid_index, 0, 1023);

@@ -35,7 +35,6 @@ struct Config {
   bool tcp_geometry_set = false;                      // either one set: no crowding rule
   bool rdma_bad_key = false;           // WEFT_RDMA_FAULT=bad_key: tests' refused remote writes
   bool rdma_slow_connect = false;      // WEFT_RDMA_FAULT=slow_connect: tests' strangers first
-  long rdma_eager_bytes = -1;          // WEFT_RDMA_EAGER_BYTES (-1: the back end's choice)
   std::string ibverbs_lib;             // WEFT_IBVERBS_LIB (default: libibverbs.so.1)
   std::string ib_hca;                  // WEFT_IB_HCA: devices and ports ibverbs may take
   int ib_gid_index = -1;               // WEFT_IB_GID_INDEX (-1: chosen by link layer)

@@ -70,10 +70,6 @@ class RdmaEndpoint {
   virtual void close() = 0;
   // The largest write the endpoint takes.
   virtual size_t max_write_bytes() const = 0;
-  // The largest send_from the protocol copies into an eager slot rather than
-  // clearing it to be written from the caller's memory: below it a copy
-  // costs less than the rendezvous round trip.
-  virtual size_t eager_copy_bytes() const { return 64 << 10; }
   // "ofi/tcp", "ofi/shm" and the like, for error messages.
   virtual std::string name() const = 0;
 };

@@ -4,14 +4,14 @@
 // are the sender's credits: the sender may write message seq once the
 // receiver has freed slot seq - slots, and the receiver says how many it has
 // freed with a Credit write. A message staged by send_slot, or sent with
-// send_from up to the eager limit (copied into staging), is written eagerly:
+// send_from up to kEagerCopyBytes (copied into staging), is written eagerly:
 // header and payload in one write with immediate. A larger send_from is a
 // rendezvous: the header alone goes into the slot (ready-to-send); when the
 // receiver reaches that message it registers its destination (recv_into's
 // buffer or the slot itself) and writes a clear-to-send entry (address, key,
 // length) into the sender's FIFO; the sender then writes the payload
 // straight from the caller's memory with immediate Payload. A recv_into of
-// more than the eager limit that finds its message not yet there writes the
+// more than kEagerCopyBytes that finds its message not yet there writes the
 // clear-to-send at once, as NCCL's net_ib posts its receives: when the
 // sender gets to the message it writes the header and the payload back to
 // back, and the rendezvous costs no round trip (the entry goes unused if the
@@ -54,6 +54,9 @@ using rdma_wire::ClearToSend;
 using rdma_wire::Header;
 using rdma_wire::Kind;
 
+// send_from copies messages up to this size into staging and writes them
+// eagerly: below it a copy costs less than a round trip.
+constexpr size_t kEagerCopyBytes = 64 << 10;
 // How often an idle connection asks the endpoint whether the peer is gone.
 constexpr std::chrono::microseconds kWatchInterval{50};
 // How often a connection waiting on its peer looks at the control socket. A
@@ -91,7 +94,6 @@ class RdmaConnection : public Connection {
         arrived_(static_cast<size_t>(slots_), 0),
         freed_(static_cast<size_t>(slots_), false),
         cache_(*endpoint_) {
-    eager_bytes_ = options.eager_bytes.value_or(endpoint_->eager_copy_bytes());
     if (slots_ < 1 || slot_bytes_ == 0) {
       throw InvalidArgument(std::string(name) +
                             " connection needs at least one slot of at least one byte");
@@ -138,7 +140,7 @@ class RdmaConnection : public Connection {
 
   bool send_from(const void* src, size_t bytes) override {
     if (!broken_.empty() || !send_room()) return false;
-    if (bytes <= eager_bytes_ && bytes <= slot_bytes_) {
+    if (bytes <= kEagerCopyBytes && bytes <= slot_bytes_) {
       if (bytes > 0) std::memcpy(outbox_slot(send_seq_) + sizeof(Header), src, bytes);
       enqueue(bytes, nullptr);
     } else {
@@ -463,7 +465,7 @@ class RdmaConnection : public Connection {
     recv_waiting_ = true;
     if (!broken_.empty()) return false;
     if (arrived_[next_ % slots_] != next_ + 1) {
-      if (!cleared_ && !into_slot && bytes > eager_bytes_) {
+      if (!cleared_ && !into_slot && bytes > kEagerCopyBytes) {
         clear_to_send(bytes, dst, false);
         ++g_cts_early;
         pump();
@@ -553,8 +555,7 @@ class RdmaConnection : public Connection {
   const size_t slot_bytes_;
   const int slots_;
   const bool bad_key_;
-  size_t eager_bytes_ = 0;  // send_from copies up to this many bytes (RdmaOptions)
-  const size_t stride_;     // of an eager slot: header and payload
+  const size_t stride_;  // of an eager slot: header and payload
   const char* name_;
   const Socket& control_;  // the Mesh's, which outlives the connection; watched for liveness
   size_t half_bytes_ = 0;  // of memory_: the inbox, then the outbox

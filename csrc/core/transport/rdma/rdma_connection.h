@@ -1,7 +1,6 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 
 #include "core/bootstrap/socket.h"
 #include "core/transport/connection.h"
@@ -15,9 +14,6 @@ struct RdmaOptions {
   // For tests: name a wrong key in every clear-to-send, so that the peer's
   // payload writes are refused (WEFT_RDMA_FAULT=bad_key).
   bool bad_key = false;
-  // The largest send_from sent eagerly (WEFT_RDMA_EAGER_BYTES); unset: the
-  // endpoint's eager_copy_bytes().
-  std::optional<size_t> eager_bytes;
 };
 
 // The writes every RDMA connection of this process has posted so far, by

@@ -281,14 +281,6 @@ class OfiEndpoint : public RdmaEndpoint {
   size_t max_write_bytes() const override { return max_write_; }
   std::string name() const override { return "ofi/" + provider_; }
 
-  // A provider over the kernel's sockets copies every write through them
-  // anyway: a rendezvous there saves no copy and costs a round trip, so
-  // whatever fits a slot goes eagerly.
-  size_t eager_copy_bytes() const override {
-    return provider_ == "tcp" || provider_ == "sockets" ? SIZE_MAX
-                                                        : RdmaEndpoint::eager_copy_bytes();
-  }
-
  private:
   [[noreturn]] void no_provider(int ret, const std::string& ip) {
     throw InvalidArgument(

@@ -7,6 +7,10 @@ build over the repeats, their ratio and the spread. Use it to show that a change
 
     python bench/compare_builds.py --build before=/tmp/old --build after=/tmp/new --repeats 3 \\
         --json bench/results/x.json --plot bench/results/x.png -- -o all_reduce --algo ring
+
+A setting of the installed build can be compared the same way: an empty DIR takes the installed
+`weft`, and ``--env NAME:VAR=VALUE`` sets a variable for one build's launches
+(``--build two= --build one= --env one:WEFT_CHANNELS=1``).
 """
 
 from __future__ import annotations
@@ -21,21 +25,29 @@ import tempfile
 from pathlib import Path
 
 
-def run_once(path: str, bench_args: list[str], timeout: float) -> dict:
+def run_once(path: str, extra_env: dict, bench_args: list[str], timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "report.json"
-        env = {**os.environ, "PYTHONPATH": path}
+        env = {**os.environ, **extra_env}
+        if path:
+            env["PYTHONPATH"] = path
         cmd = [sys.executable, "-m", "weft.bench", *bench_args, f"--json={out}"]
         subprocess.run(cmd, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
         return json.loads(out.read_text())
 
 
-def compare(builds: dict[str, str], bench_args: list[str], repeats: int, timeout: float) -> dict:
+def compare(
+    builds: dict[str, str],
+    envs: dict[str, dict],
+    bench_args: list[str],
+    repeats: int,
+    timeout: float,
+) -> dict:
     times: dict[tuple, dict[str, list[float]]] = {}
     names = list(builds)
     for repeat in range(repeats):
         for name in names[repeat % 2 :] + names[: repeat % 2]:
-            for r in run_once(builds[name], bench_args, timeout)["results"]:
+            for r in run_once(builds[name], envs.get(name, {}), bench_args, timeout)["results"]:
                 key = (r["system"], r["op"], r["bytes"], r["in_place"])
                 times.setdefault(key, {n: [] for n in names})[name].append(r["time_us"])
     first, second = names
@@ -109,6 +121,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--build", action="append", required=True, metavar="NAME=DIR")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--json", type=Path, required=True)
@@ -118,8 +131,15 @@ def main() -> None:
     builds = dict(b.split("=", 1) for b in args.build)
     if len(builds) != 2:
         sys.exit("compare_builds: give exactly two --build NAME=DIR")
+    envs: dict[str, dict] = {}
+    for setting in args.env:
+        name, _, assignment = setting.partition(":")
+        var, eq, value = assignment.partition("=")
+        if name not in builds or not eq:
+            sys.exit(f"compare_builds: --env {setting!r}: give NAME:VAR=VALUE for a --build NAME")
+        envs.setdefault(name, {})[var] = value
     bench_args = [a for a in args.bench_args if a != "--"]
-    report = compare(builds, bench_args, args.repeats, args.timeout)
+    report = compare(builds, envs, bench_args, args.repeats, args.timeout)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     write_plot(report, args.plot)
     print(markdown(report), end="")

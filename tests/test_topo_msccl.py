@@ -132,3 +132,34 @@ def test_files_that_are_not_algorithms_are_refused(tmp_path):
         load(tmp_path, ring_xml(3).replace('ngpus="3"', f'ngpus="{huge}"'))
     with pytest.raises(topo.AlgorithmError, match="recv=5 is not another rank of 3"):
         load(tmp_path, ring_xml(3).replace('recv="2"', 'recv="5"', 1))
+
+
+def test_the_command_line_takes_msccl_files(tmp_path, capsys):
+    """python -m weft.topo check, simulate and draw read MSCCL XML by its suffix; a broken
+    file is refused naming the element, and check exits with 1."""
+    from weft.topo.__main__ import main
+
+    good, bad = tmp_path / "ring5.xml", tmp_path / "bad.xml"
+    good.write_text(ring_xml(5))
+    bad.write_text(ring_xml(5).replace('type="rrcs"', 'type="xx"', 1))
+    assert main(["check", str(good)]) == 0
+    assert f"{good}: ring5 on 5 ranks: ok" in capsys.readouterr().out
+    assert main(["check", str(good), str(bad)]) == 1
+    assert f"{bad}: <gpu id=0> <tb id=0> <step s=4>: type='xx'" in capsys.readouterr().out
+    assert main(["simulate", str(good), "--topology", "ring:5", "--bytes", "5K"]) == 0
+    assert "on 5 ranks" in capsys.readouterr().out
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "ring5.png"
+    args = [
+        "draw",
+        "timeline",
+        str(good),
+        "--topology",
+        "switch:5",
+        "--bytes",
+        "5K",
+        "-o",
+        str(png),
+    ]
+    assert main(args) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,13 +1,14 @@
 """python -m weft.topo: Algorithms from the command line.
 
     python -m weft.topo export allreduce ring 8 --count 1000 -o ring8.json
-    python -m weft.topo check ring8.json [more.json ...] [--slots 2 --slot-bytes 4096]
+    python -m weft.topo check ring8.json [more.json ring.xml ...] [--slots 2 --slot-bytes 4096]
     python -m weft.topo check ring8.json --topology torus:2x4
     python -m weft.topo simulate ring8.json --topology hosts:2x4 --bytes 1M [--links 5]
     python -m weft.topo simulate ring --topology ring:4096 --bytes 1M      # a built-in family
     python -m weft.topo draw topology hosts:2x4 -o hosts.png
     python -m weft.topo draw timeline ring8.json --topology ring:8 --bytes 64K -o ring8.png
 
+An Algorithm file is weft.topo's JSON, or MSCCL's XML by its ``.xml`` suffix.
 ``check`` prints each file's report and exits with 1 when any file fails. A topology is a JSON
 file that ``Topology.save`` wrote or a builder: ring:N, full:N, switch:N, fat_tree:N[xPER_LEAF],
 torus:AxB[xC...], hosts:HOSTSxPER_HOST, rail:HOSTSxPER_HOST. Sizes take K, M and G (powers of 2).
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 from weft import topo
+from weft.topo.msccl import load_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,13 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--slot-bytes", type=int, default=256 << 10)
     export.add_argument("--slots", type=int, default=8)
     export.add_argument("-o", "--output", required=True, help="the JSON file to write")
-    check = commands.add_parser("check", help="check Algorithm files (JSON)")
+    check = commands.add_parser("check", help="check Algorithm files (JSON, or MSCCL XML)")
     check.add_argument("files", nargs="+")
     check.add_argument("--slots", type=int, help="messages in flight per connection")
     check.add_argument("--slot-bytes", type=int, help="the largest message")
     check.add_argument("--topology", type=topology_arg, help="also check every message's route")
     sim = commands.add_parser("simulate", help="simulate an Algorithm file or built-in family")
-    sim.add_argument("algorithm", help="an Algorithm file (JSON) or a built-in family's name")
+    sim.add_argument(
+        "algorithm", help="an Algorithm file (JSON, MSCCL XML) or a built-in family's name"
+    )
     sim.add_argument("--topology", type=topology_arg, required=True)
     sim.add_argument("--bytes", type=size_arg, help="bytes a call passes (an Algorithm: its own)")
     sim.add_argument("--collective", default="allreduce", help="for a family (allreduce)")
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         try:
             report = topo.check(
-                topo.load(path),
+                load_file(path),
                 slots=args.slots,
                 slot_bytes=args.slot_bytes,
                 topology=args.topology,
@@ -178,7 +182,8 @@ def topology_arg(text: str) -> topo.Topology:
 
 def algorithm_arg(text: str):
     """An Algorithm file, or a built-in family's name."""
-    return text if not text.endswith(".json") and not Path(text).exists() else topo.load(text)
+    is_file = text.endswith((".json", ".xml")) or Path(text).exists()
+    return load_file(text) if is_file else text
 
 
 if __name__ == "__main__":

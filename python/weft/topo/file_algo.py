@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from weft.topo.algorithm import Algorithm, AlgorithmError, load
+from weft.topo.algorithm import Algorithm, AlgorithmError
 from weft.topo.check import check
-from weft.topo.msccl import load_msccl
+from weft.topo.msccl import load_file as load_algorithm_file
 from weft.topo.run import plan_of, scaled
 
 log = logging.getLogger("weft")
@@ -27,9 +27,8 @@ RUNS: Counter = Counter()
 
 
 def load_file(spec: str) -> Algorithm:
-    path = Path(spec.removeprefix("file:"))
     try:
-        return load_msccl(path) if path.suffix == ".xml" else load(path)
+        return load_algorithm_file(Path(spec.removeprefix("file:")))
     except (OSError, AlgorithmError) as e:
         raise AlgorithmError(f"WEFT_ALGO={spec}: {e}") from e
 

@@ -15,7 +15,15 @@ from __future__ import annotations
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from weft.topo.algorithm import Algorithm, AlgorithmError, Channel, RankProgram, Span, Step
+from weft.topo.algorithm import (
+    Algorithm,
+    AlgorithmError,
+    Channel,
+    RankProgram,
+    Span,
+    Step,
+    load,
+)
 
 BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
 COLLECTIVES = {
@@ -47,6 +55,11 @@ def load_msccl(path, *, elem_size: int = 4) -> Algorithm:
     except ElementTree.ParseError as e:
         raise AlgorithmError(f"{source}: not XML: {e}") from None
     return _convert(root, source, elem_size)
+
+
+def load_file(path) -> Algorithm:
+    """An Algorithm file: MSCCL's XML by its ``.xml`` suffix, weft.topo's JSON otherwise."""
+    return load_msccl(path) if Path(path).suffix == ".xml" else load(path)
 
 
 def _convert(root, source: str, elem_size: int) -> Algorithm:

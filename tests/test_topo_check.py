@@ -243,6 +243,57 @@ def test_too_little_buffering_deadlocks_a_ring():
     )
 
 
+def two_rank_swap(as_exchange: bool) -> topo.Algorithm:
+    """A 2-rank allreduce of 4 elements: each rank sends its input and reduces the peer's into
+    its output, as one exchange step or as a send followed by a receive."""
+    p = topo.Program("allreduce", ranks=2, count=4, name="swap")
+    for r in (0, 1):
+        if as_exchange:
+            p.exchange(r, 1 - r, send=p.input[0:4], recv=p.output[0:4], operand=p.input[0:4])
+        else:
+            p.send(r, to=1 - r, src=p.input[0:4])
+            p.recv_reduce(r, frm=1 - r, src=p.input[0:4], dst=p.output[0:4])
+    return p.algorithm()
+
+
+def test_rendezvous_sends_wait_for_their_receivers():
+    """slots=0: a send waits until its receiver takes it (NCCL's p2p). Two ranks that both send
+    before they receive pass with buffered sends and deadlock with rendezvous ones; as one
+    exchange, they pass both ways. A ring, whose first step only sends, deadlocks too."""
+    sends_first = two_rank_swap(as_exchange=False)
+    assert topo.check(sends_first).ok
+    (error,) = topo.check(sends_first, slots=0).errors
+    assert error.text == (
+        "deadlock: rank 0 channel 0 step 0 waits for rank 1 to receive its send (rendezvous); "
+        "rank 1 channel 0 step 0 waits for rank 0 to receive its send (rendezvous)"
+    )
+    exchange = two_rank_swap(as_exchange=True)
+    assert topo.check(exchange).ok and topo.check(exchange, slots=0).ok
+    (error,) = topo.check(ring(count=16, slot_bytes=8, slots=8), slots=0).errors
+    assert error.text.startswith("deadlock: ") and "(rendezvous)" in error.text
+    # recursive doubling is all exchanges, message by message: fine without buffering.
+    assert topo.check(topo.builtin("allreduce", "rd", 4, count=16), slots=0).ok
+    with pytest.raises(ValueError, match="0: rendezvous"):
+        topo.check(exchange, slots=-1)
+
+
+def test_a_wait_cycle_across_ranks_and_channels_is_named_channel_by_channel():
+    """Each rank receives on one channel and sends on the other only once that receive is done,
+    and the two ranks pick opposite channels to receive on: no rank waits on itself, yet the
+    four channels wait on each other in a circle."""
+    p = topo.Program("allreduce", ranks=2, count=2, name="crossed")
+    for r, (receives, sends) in ((0, (0, 1)), (1, (1, 0))):
+        got = p.recv(r, frm=1 - r, dst=p.output[0:2], channel=receives)
+        p.send(r, to=1 - r, src=p.input[0:2], channel=sends, after=got)
+    (error,) = topo.check(p.algorithm()).errors
+    assert error.text == (
+        "deadlock: rank 0 channel 0 step 0 waits to receive from rank 1; "
+        "rank 1 channel 0 step 0 waits for its channel 1 to finish step 0; "
+        "rank 1 channel 1 step 0 waits to receive from rank 0; "
+        "rank 0 channel 1 step 0 waits for its channel 0 to finish step 0"
+    )
+
+
 def test_overwriting_what_a_send_by_reference_still_points_at_is_reported():
     algo = topo.builtin("allreduce", "rd", 4, count=64, slot_bytes=16, slots=2)
     for program in algo.programs:

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("-o", "--output", required=True, help="the JSON file to write")
     check = commands.add_parser("check", help="check Algorithm files (JSON, or MSCCL XML)")
     check.add_argument("files", nargs="+")
-    check.add_argument("--slots", type=int, help="messages in flight per connection")
+    check.add_argument(
+        "--slots", type=int, help="messages in flight per connection (0: rendezvous sends)"
+    )
     check.add_argument("--slot-bytes", type=int, help="the largest message")
     check.add_argument("--topology", type=topology_arg, help="also check every message's route")
     sim = commands.add_parser("simulate", help="simulate an Algorithm file or built-in family")

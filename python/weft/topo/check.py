@@ -6,12 +6,14 @@ at the element where it happens. Messages travel through connections that hold `
 messages of at most ``slot_bytes`` each, per (sender, receiver, channel), in order; a step
 streams its elements slice by slice, reserving room to send before it waits to receive (the
 executor's order). When no rank can move, the ranks that wait on each other are reported as a
-deadlock. Sends the executor may make by reference (plain sends, exchanges, and tcp's forwards
-of what a step wrote) keep pointing at the sender's memory until read: a step that overwrites
+deadlock. With ``slots=0`` sends are rendezvous, as NCCL's p2p sends are: a connection holds one
+message, and its sender waits until the receiver has taken it before it goes on (so ranks that
+send to each other before they receive deadlock, unless the sends are an exchange's). Sends the
+executor may make by reference (plain sends, exchanges, and tcp's forwards of what a step wrote)
+keep pointing at the sender's memory until read: a step that overwrites
 such memory without ``wait_sends`` is an error.
 
-What it does not model: rendezvous sends (NCCL p2p's group schedules are checked by replaying
-them, tests/test_group_schedule.py), and timing (weft.topo.cost predicts that).
+What it does not model: timing (weft.topo.cost predicts that).
 """
 
 from __future__ import annotations
@@ -176,6 +178,9 @@ class _Wait:
     ready: object  # () -> bool
     what: str
     peers: tuple[int, ...]
+    # The (rank, channel) pairs it waits on, where they are not the peers' channels of the
+    # waiting channel's tag (a dependency on a channel of its own, readers of sends by reference).
+    channels: tuple[tuple[int, int], ...] = ()
 
 
 def check(
@@ -189,7 +194,8 @@ def check(
 ) -> Report:
     """Runs ``algo`` symbolically and returns a Report; ``report.ok`` when every rank ends with
     exactly the collective's result and nothing deadlocks with ``slots`` messages of
-    ``slot_bytes`` per connection (default: what the algorithm was planned for). With
+    ``slot_bytes`` per connection (default: what the algorithm was planned for; 0 slots:
+    rendezvous sends, each waiting for its receiver). With
     ``scale``, each element stands for that many on the wire (how topo.run runs an Algorithm
     on larger buffers): messages are counted as the executor would cut them. With a
     ``topology`` (a weft.topo.Topology of as many ranks), every message between two ranks it has
@@ -243,13 +249,14 @@ def _modelled_elements(algo: Algorithm) -> int:
 
 class _Run:
     def __init__(self, algo: Algorithm, slots: int, slot_bytes: int, scale: int, max_errors: int):
-        if slots < 1 or slot_bytes < algo.elem_size:
+        if slots < 0 or slot_bytes < algo.elem_size:
             raise ValueError(
-                f"slots ({slots}) must be at least 1 and slot_bytes ({slot_bytes}) at least one "
-                f"element ({algo.elem_size} bytes); rendezvous sends are not modelled"
+                f"slots ({slots}) must be at least 0 (0: rendezvous sends) and slot_bytes "
+                f"({slot_bytes}) at least one element ({algo.elem_size} bytes)"
             )
         self.algo = algo
-        self.slots = slots
+        self.rendezvous = slots == 0  # one message per connection, taken before the send ends
+        self.slots = max(slots, 1)
         self.slice = slot_bytes // algo.elem_size  # elements on the wire per message
         self.scale = scale
         self.max_errors = max_errors
@@ -548,15 +555,26 @@ class _Run:
                     lambda dc=dc, di=di: self.done[r][dc] > di,
                     f"waits for its channel {dc} to finish step {di}",
                     (r,),
+                    ((r, dc),),
                 )
                 if self.races:  # a step of its own channel is ordered already
                     clock[:] = [max(a, b) for a, b in zip(clock, self.step_clock[(r, dc, di)])]
             clock[self.thread[(r, c)]] += 1
             if s.wait_sends:
+                unread = [(q, m) for q, m in self.since_wait[r] if m.read_at is None]
                 yield _Wait(
                     lambda: all(m.read_at for _, m in self.since_wait[r]),
                     "waits until its sends by reference are read",
-                    self.unread_peers(r),
+                    tuple(sorted({q for q, _ in unread})),
+                    tuple(
+                        sorted(
+                            {
+                                node
+                                for q, m in unread
+                                for node in self.channels_of(q, self.tag(r, m.sender_channel))
+                            }
+                        )
+                    ),
                 )
                 for _, message in self.since_wait[r]:  # the transport said so: happens-before
                     reader, when = message.read_at
@@ -577,10 +595,11 @@ class _Run:
                 self.step_clock[at] = clock[:]
             self.done[r][c] = i + 1
 
-    def unread_peers(self, r: int) -> tuple[int, ...]:
-        return tuple(sorted({q for q, m in self.since_wait[r] if m.read_at is None}))
+    def channels_of(self, q: int, tag: int) -> list[tuple[int, int]]:
+        """(q, channel) for each channel of rank q that uses connections of ``tag``."""
+        return [(q, c) for c in range(len(self.algo.programs[q].channels)) if self.tag(q, c) == tag]
 
-    def post(self, r, c, i, peer, values: list, length: int, refs: list | None) -> None:
+    def post(self, r, c, i, peer, values: list, length: int, refs: list | None) -> _Message:
         t = self.thread[(r, c)]
         self.clock[t][t] += 1
         message = _Message(values, length, c, i, refs, self.clock[t][:])
@@ -591,6 +610,17 @@ class _Run:
             self.since_wait[r].append((peer, message))
         self.connection(r, peer, self.tag(r, c)).queue.append(message)
         self.report.messages += 1
+        return message
+
+    def taken(self, message: _Message | None, peer: int) -> _Wait | None:
+        """Where sends are rendezvous, the wait for ``peer`` to take ``message``."""
+        if not self.rendezvous or message is None or message.read_at is not None:
+            return None
+        return _Wait(
+            lambda: message.read_at is not None,
+            f"waits for rank {peer} to receive its send (rendezvous)",
+            (peer,),
+        )
 
     def take(self, sender: int, r: int, c: int, length: int, at) -> list:
         message = self.connection(sender, r, self.tag(r, c)).queue.popleft()
@@ -664,7 +694,9 @@ class _Run:
                     refs = self.refs(r, s.local, start, n)
                 elif s.dst is not None:
                     refs = self.refs(r, s.dst, start, n)
-                self.post(r, c, i, s.send, data, length, refs)
+                wait = self.taken(self.post(r, c, i, s.send, data, length, refs), s.send)
+                if wait:
+                    yield wait
 
     def exchange(self, r: int, c: int, i: int, s: Step, at):
         def pieces(span):  # an absent or empty side still moves one empty message
@@ -674,6 +706,7 @@ class _Run:
         receives = deque(pieces(s.dst)) if s.recv is not None else deque()
         out = self.connection(r, s.send, self.tag(r, c)) if s.send is not None else None
         inc = self.connection(s.recv, r, self.tag(r, c)) if s.recv is not None else None
+        last_sent = None  # both directions progress at once, so a rendezvous waits at the end
         while sends or receives:
             can_send = bool(sends) and self.room(out)
             can_receive = bool(receives) and bool(inc.queue)
@@ -692,7 +725,7 @@ class _Run:
                 start, n, length = sends.popleft()
                 values = self.read(r, s.local, start, n, at) if n else []
                 refs = self.refs(r, s.local, start, n) if n else None  # by reference
-                self.post(r, c, i, s.send, values, length, refs)
+                last_sent = self.post(r, c, i, s.send, values, length, refs)
             if can_receive:
                 start, n, length = receives.popleft()
                 values = self.take(s.recv, r, c, length, at)
@@ -704,6 +737,9 @@ class _Run:
                     values = self.divide(values, s)
                 if n:
                     self.write(r, s.dst, start, values, at)
+        wait = self.taken(last_sent, s.send)
+        if wait:
+            yield wait
 
     def local_reduce(self, r: int, s: Step, at) -> None:
         blocks = s.local.count // s.count
@@ -715,42 +751,51 @@ class _Run:
         self.write(r, s.dst, 0, self.divide(acc, s), at)
 
     def report_deadlock(self, runners: dict) -> None:
-        blocked = {}
-        for (r, c), (_, wait) in sorted(runners.items()):
-            blocked.setdefault(r, []).append((c, wait))
+        blocked = {node: wait for node, (_, wait) in sorted(runners.items())}
+
+        def part(node) -> str:
+            r, c = node
+            return f"rank {r} channel {c} step {self.done[r][c]} {blocked[node].what}"
+
         cycle = self.find_cycle(blocked)
-        start = cycle[0] if cycle else next(iter(blocked))
-        c, wait = blocked[start][0]
-        parts = []
-        for r in cycle or [start]:
-            for ch, w in blocked[r]:
-                parts.append(f"rank {r} channel {ch} step {self.done[r][ch]} {w.what}")
         if cycle:
-            text = "deadlock: " + "; ".join(parts)
+            text = "deadlock: " + "; ".join(map(part, cycle))
+            start = cycle[0]
         else:
-            finished = [q for q in blocked[start][0][1].peers if q not in blocked]
+            start = next(iter(blocked))
+            ranks_blocked = {r for r, _ in blocked}
+            finished = [q for q in blocked[start].peers if q not in ranks_blocked]
             text = (
                 "waits forever: "
-                + "; ".join(parts)
+                + "; ".join(part(node) for node in blocked if node[0] == start[0])
                 + (f" (rank {finished[0]} has finished its steps)" if finished else "")
             )
-        self.error(text, start, c, self.done[start][c])
+        self.error(text, start[0], start[1], self.done[start[0]][start[1]])
 
-    def find_cycle(self, blocked: dict) -> list[int]:
-        """Ranks that wait on each other in a circle, following each blocked rank's first
-        blocked peer; empty where the waits end at a rank that has finished."""
+    def waits_on(self, node, wait: _Wait) -> list[tuple[int, int]]:
+        """The (rank, channel) pairs a blocked channel waits on: its wait's own, or the channels
+        of its peers that use its connections' tag."""
+        if wait.channels:
+            return list(wait.channels)
+        tag = self.tag(*node)
+        return [pair for q in wait.peers for pair in self.channels_of(q, tag)]
+
+    def find_cycle(self, blocked: dict) -> list[tuple[int, int]]:
+        """Channels (rank, channel) that wait on each other in a circle, across ranks and
+        channels, following each blocked channel's first blocked one; empty where the waits end
+        at a channel that has finished."""
         edges = {
-            r: sorted({p for _, w in waits for p in w.peers} & set(blocked))
-            for r, waits in blocked.items()
+            node: sorted(set(self.waits_on(node, wait)) & set(blocked))
+            for node, wait in blocked.items()
         }
         for first in blocked:
-            path, index, r = [], {}, first
-            while r is not None and r not in index:
-                index[r] = len(path)
-                path.append(r)
-                r = edges[r][0] if edges[r] else None
-            if r is not None:
-                return path[index[r] :]
+            path, index, node = [], {}, first
+            while node is not None and node not in index:
+                index[node] = len(path)
+                path.append(node)
+                node = edges[node][0] if edges[node] else None
+            if node is not None:
+                return path[index[node] :]
         return []
 
     # ---- results --------------------------------------------------------------------------

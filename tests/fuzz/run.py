@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,14 @@ CPP_TARGETS = {
         "sources": ["bootstrap/address.cc", "bootstrap/handshake.cc",
                     "bootstrap/abort_notice.cc", "common/sha256.cc", "common/error.cc"],
         "seeds": [],
+    },
+    "fuzz_tcp_stream": {
+        "sources": ["transport/tcp/tcp_connection.cc", "bootstrap/socket.cc",
+                    "transport/op_signature.cc", "common/error.cc", "common/types.cc"],
+        # Expect operation 7, 4 bytes, into the caller's buffer; the peer sends two such
+        # messages, then one of another length.
+        "seeds": [struct.pack("<QHB", 7, 4, 0) + (struct.pack("<QQ", 4, 7) + b"abcd") * 2
+                  + struct.pack("<QQ", 5, 7) + b"abcde"],
     },
     "fuzz_cost_model": {
         "sources": ["tune/cost_model.cc", "common/error.cc", "algo/*.cc"],

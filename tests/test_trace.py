@@ -179,6 +179,41 @@ def test_a_broken_trace_file_is_named_not_a_traceback(tmp_path, text, says):
     assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr, run
 
 
+# A CI run's traces when rank 1 was stopped between the two rounds of recursive doubling: rank 0
+# finished operation #3 with rank 2, rank 3 was left waiting for rank 1 in it, and rank 1, once
+# continued, timed out too. Ranks 0 and 3 timed out first and said rank 1 had not.
+TIMEOUT = "nothing arrived for 10 s (the communicator's timeout)"
+STOPPED_BETWEEN_ROUNDS = {
+    0: (4, "allreduce #4 (rd, step 1/2) on rank 0 waiting to receive from rank 1: "
+           f"{TIMEOUT}; rank 1 is hung or slow: it did not time out itself"),
+    1: (3, "allreduce #3 (rd, step 1/2) on rank 1 waiting to receive from rank 0: "
+           f"{TIMEOUT}; rank 0 timed out too, waiting for rank 1"),
+    2: (4, "allreduce #4 (rd) on rank 2: lost rank 3: connection to peer closed; rank 3 had "
+           f"aborted: allreduce #3 (rd, step 2/2) on rank 3 waiting to receive from rank 1: "
+           f"{TIMEOUT}"),
+    3: (3, "allreduce #3 (rd, step 2/2) on rank 3 waiting to receive from rank 1: "
+           f"{TIMEOUT}; rank 1 is hung or slow: it did not time out itself"),
+}  # fmt: skip
+
+
+def test_a_stopped_rank_that_timed_out_once_continued_is_still_the_one_behind(tmp_path):
+    for rank, (last, reason) in STOPPED_BETWEEN_ROUNDS.items():
+        ops = "".join(
+            GOOD_OP.replace("seq=0", f"seq={seq}")
+            .replace("algorithm=ring", "algorithm=rd")
+            .replace("state=done", "state=failed" if seq == last else "state=done")
+            for seq in range(last + 1)
+        )
+        header = GOOD_HEADER.replace("rank 0", f"rank {rank}").replace("size 2", "size 4")
+        (tmp_path / f"c.rank{rank}.weft-trace").write_text(f"{header}reason {reason}\n{ops}")
+    run = subprocess.run(
+        [sys.executable, "-m", "weft.trace", str(tmp_path)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    first = run.stdout.splitlines()[0]
+    assert first.startswith("rank 1 is behind (hung or slow): ranks 0, 2 and 3 timed out"), first
+
+
 def scenario_aborted(rank, size, store):
     """Rank SLOW falls behind and is ended by SIGABRT (what torchrun's watchdog and abort()
     send); it must leave no core file behind."""

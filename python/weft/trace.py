@@ -81,6 +81,11 @@ class RankTrace:
         """Whether this rank's error is a timeout, its own or one a peer aborted on."""
         return "nothing arrived for" in (self.reason or "")
 
+    def found_hung(self) -> bool:
+        """Whether this rank's error says the rank it waited for had not timed out itself when
+        this one did (which that rank may do later, once it is continued)."""
+        return "is hung or slow" in (self.reason or "")
+
     def waited_for(self) -> int | None:
         """The rank whose wait timed out last in the chain of causes."""
         found = WAITING_FOR.findall(self.reason or "") if self.timed_out() else []
@@ -206,14 +211,14 @@ def first_difference(traces: dict[int, RankTrace]) -> str | None:
 
 
 def behind(traces: dict[int, RankTrace]) -> str | None:
-    """A rank the others waited for: the one that timed-out ranks name and that did not time
-    out itself (a stopped rank may even be ahead: its sends were buffered), else one whose last
-    call came before the others'."""
+    """A rank the others waited for: the one that timed-out ranks name and that had not timed
+    out itself when they did (a stopped rank may even be ahead: its sends were buffered; once
+    continued, it may time out in turn), else one whose last call came before the others'."""
     named = Counter(
         t.waited_for()
         for t in traces.values()
         if t.waited_for() in traces
-        and "nothing arrived for" not in traces[t.waited_for()].own_error()
+        and (t.found_hung() or "nothing arrived for" not in traces[t.waited_for()].own_error())
     )
     if named:
         slow, _ = named.most_common(1)[0]

@@ -23,6 +23,8 @@ MOST_RANKS = 1 << 20
 SETUP_OPS = {"create"}
 WAITING_FOR = re.compile(r"waiting to [a-z ]+? rank (\d+)")
 LOST = re.compile(r"lost rank (\d+)")
+# The rank at the end of a chain of waits that had not timed out itself (comm.cc's blame_chain).
+HUNG = re.compile(r"rank (\d+)(?: is hung or slow|, which sent nothing: it is hung or slow)")
 ABORTED_PEER = " had aborted: "  # a survivor's error names why the peer it lost aborted
 
 
@@ -81,10 +83,11 @@ class RankTrace:
         """Whether this rank's error is a timeout, its own or one a peer aborted on."""
         return "nothing arrived for" in (self.reason or "")
 
-    def found_hung(self) -> bool:
-        """Whether this rank's error says the rank it waited for had not timed out itself when
-        this one did (which that rank may do later, once it is continued)."""
-        return "is hung or slow" in (self.reason or "")
+    def hung_peer(self) -> int | None:
+        """The rank this rank's error says had not timed out itself when this one did, at the end
+        of its chain of waits (it may time out later, once it is continued)."""
+        found = HUNG.findall(self.reason or "")
+        return int(found[-1]) if found else None
 
     def waited_for(self) -> int | None:
         """The rank whose wait timed out last in the chain of causes."""
@@ -214,15 +217,20 @@ def behind(traces: dict[int, RankTrace]) -> str | None:
     """A rank the others waited for: the one that timed-out ranks name and that had not timed
     out itself when they did (a stopped rank may even be ahead: its sends were buffered; once
     continued, it may time out in turn), else one whose last call came before the others'."""
-    named = Counter(
-        t.waited_for()
-        for t in traces.values()
-        if t.waited_for() in traces
-        and (t.found_hung() or "nothing arrived for" not in traces[t.waited_for()].own_error())
-    )
+
+    def suspect(t: RankTrace) -> int | None:
+        hung, waited = t.hung_peer(), t.waited_for()
+        if hung in traces:
+            return hung
+        if waited in traces and "nothing arrived for" not in traces[waited].own_error():
+            return waited
+        return None
+
+    suspects = {r: suspect(t) for r, t in traces.items()}
+    named = Counter(s for s in suspects.values() if s is not None)
     if named:
         slow, _ = named.most_common(1)[0]
-        waiters = [r for r, t in traces.items() if t.waited_for() == slow and r != slow]
+        waiters = [r for r, s in suspects.items() if s == slow and r != slow]
         return (
             f"rank {slow} is behind (hung or slow): {ranks(waiters)} timed out in "
             f"{traces[waiters[0]].last().describe()} waiting for it; it was in "

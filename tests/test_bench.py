@@ -487,6 +487,7 @@ def test_plan_and_msccl_files_run_beside_the_builtins(tmp_path):
     """--plan and --msccl: an Algorithm file measured (and checked, -c) in the launch of the
     built-in it copies; --np defaults to the file's ranks; a broken file stops the run with the
     reason."""
+    from test_topo_msccl import ring_xml
     from weft import topo
 
     path = tmp_path / "ring3.json"
@@ -501,6 +502,17 @@ def test_plan_and_msccl_files_run_beside_the_builtins(tmp_path):
     plan_records = by_system["weft-shm[json:ring]"]
     assert {r["bytes"] for r in plan_records} == {r["bytes"] for r in by_system["weft-shm[ring]"]}
     assert all(r["wrong"] == 0 and r["op"] == "all_reduce" for r in plan_records)
+    xml = tmp_path / "ring3.xml"
+    xml.write_text(ring_xml(3))
+    out = tmp_path / "m.json"
+    # Sizes of whole multiples of its 3 chunks (3 and 768 floats); in place, as it is written.
+    sizes = ["-b", "12", "-e", "3072", "-f", "256", "-n", "2", "-w", "1"]
+    bench("--msccl", str(xml), "--transport", "shm", *sizes, f"--json={out}")
+    report = json.loads(out.read_text())
+    assert report["config"]["world_size"] == 3
+    msccl_records = [r for r in report["results"] if r["system"] == "weft-shm[msccl:ring3]"]
+    assert {(r["bytes"], r["in_place"]) for r in msccl_records} == {(12, True), (3072, True)}
+    assert all(r["wrong"] == 0 for r in msccl_records), msccl_records
     (tmp_path / "bad.json").write_text('{"format": "weft-algorithm/1"}')
     proc = bench("--plan", str(tmp_path / "bad.json"), *QUICK, ok=False)
     assert proc.returncode != 0 and "bad.json" in proc.stderr

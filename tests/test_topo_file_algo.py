@@ -67,6 +67,19 @@ def test_the_torch_backend_runs_the_file_against_gloo(tmp_path):
     assert ran == [(str(r), "[6, 6186, 24594]") for r in range(3)], proc.stdout
 
 
+def test_the_torch_backend_runs_an_msccl_file(tmp_path):
+    """MSCCL's XML by its suffix: an in-place ring of 3 chunks runs at the sizes 3 divides,
+    against gloo."""
+    from test_topo_msccl import ring_xml
+
+    path = tmp_path / "ring3.xml"
+    path.write_text(ring_xml(3))
+    proc = torchrun(TESTS_DIR / "torchrun_file_algo.py", 3, f"file:{path}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    ran = sorted(re.findall(r"rank (\d)/3: file ran at (\[[^\]]*\])", proc.stdout))
+    assert ran == [(str(r), "[6, 6186, 24594]") for r in range(3)], proc.stdout
+
+
 def test_a_file_that_does_not_load_stops_the_group(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")

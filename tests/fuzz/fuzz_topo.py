@@ -108,10 +108,11 @@ def fields_target():
 
 
 def trace_target():
-    directory = Path(tempfile.mkdtemp(prefix="weft-fuzz-trace-", dir=SCRATCH))
-    path = directory / "fuzzed.rank0.weft-trace"
-
+    # A directory per input, gone after it: libFuzzer ends the process with exit(), past
+    # anything Python would clean up at exit.
     def one_input(data: bytes) -> None:
+        directory = Path(tempfile.mkdtemp(prefix="weft-fuzz-trace-", dir=SCRATCH))
+        path = directory / "fuzzed.rank0.weft-trace"
         path.write_bytes(data)
         try:
             trace.verdict(directory)
@@ -119,6 +120,7 @@ def trace_target():
             pass
         finally:
             path.unlink()
+            directory.rmdir()
 
     return one_input
 

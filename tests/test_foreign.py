@@ -1,7 +1,8 @@
 """Foreign and broken input on every port weft listens on, for as long as it listens: random
 bytes, truncated hellos, a length of 2^63 where a hello's fields are, a valid hello of another
-job (right protocol, wrong secret), hellos naming no socket of the mesh, a connection sending one
-byte a second, and a thousand connections at once on each port. Ranks held in bootstrap (the last
+job (right protocol, wrong secret), a valid hello whose sender leaves once challenged, hellos
+naming no socket of the mesh, a connection sending one byte a second, and a thousand connections
+at once on each port. Ranks held in bootstrap (the last
 one starts late) take all of it, the last one's listener too (it accepts no peer: every rank
 connects to the lower ones), then build the mesh and compute correct allreduces within the
 timeout; the strangers are dropped and logged at INFO by every rank that serves its port, and
@@ -16,7 +17,7 @@ import threading
 import time
 
 import pytest
-from stranger import HELLO_MAGIC, hello, impostor
+from stranger import CHALLENGE_BYTES, HELLO_MAGIC, hello, impostor, recv_exactly
 from test_auth import (
     COUNTS,
     PREFIX,
@@ -58,15 +59,17 @@ def garbage(rng: random.Random) -> list[bytes]:
 
 
 class Attacker:
-    """Keeps attacking ``ports`` from several threads until stopped or refused, and holds a
-    thousand silent connections open on each of them."""
+    """Keeps attacking each rank's port (``ports``: rank -> port) from several threads until
+    stopped or refused, and holds a thousand silent connections open on each of them."""
 
-    def __init__(self, ports: list[int]):
-        self.ports = ports
+    def __init__(self, ports: dict[int, int]):
+        self.ports = list(ports.values())
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._garbage, args=(p,)) for p in ports]
-        self.threads += [threading.Thread(target=self._slow, args=(p,)) for p in ports]
-        self.threads += [threading.Thread(target=self._impostor, args=(p,)) for p in ports]
+        self.threads = [threading.Thread(target=self._garbage, args=(p,)) for p in self.ports]
+        self.threads += [threading.Thread(target=self._slow, args=(p,)) for p in self.ports]
+        for rank, port in ports.items():
+            self.threads.append(threading.Thread(target=self._impostor, args=(port, rank)))
+            self.threads.append(threading.Thread(target=self._abandon, args=(port, rank)))
         self.flood: list[socket.socket] = []
         self.sent = 0
 
@@ -122,13 +125,41 @@ class Attacker:
         except OSError:
             pass
 
-    def _impostor(self, port):
+    def _impostor(self, port, rank):
         while not self.stop.is_set():
             try:
-                impostor(port, b"another job's secret", PREFIX, SIZE, sender=SIZE - 1, to=0)
+                impostor(port, b"another job's secret", PREFIX, SIZE, sender=SIZE - 1, to=rank)
             except OSError:
                 pass
             self.stop.wait(0.05)
+
+    def _abandon(self, port, rank):
+        """A valid hello for ``rank``, then gone once challenged. Answered hellos are the last
+        connections a crowd sheds, so the rank reads this close, however many strangers wait."""
+        while not self.stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(hello(SIZE - 1, rank, 0, random.randbytes(32)))
+                    recv_exactly(s, CHALLENGE_BYTES)
+            except OSError:
+                pass
+            self.stop.wait(0.05)
+
+
+# What every rank that serves its port must log, one line per stranger dropped.
+WHYS = [
+    "not a weft hello of this version",
+    "names no socket of this mesh",
+    "too many connections waiting at once",
+    "closed before completing the handshake",
+    "wrong proof of the job secret",
+]
+
+
+def unlogged(stderr: str) -> list[str]:
+    """The drop reasons ``stderr`` does not have yet."""
+    drops = [line for line in stderr.splitlines() if "dropped a connection" in line]
+    return [why for why in WHYS if not any(why in line for line in drops)]
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
@@ -137,16 +168,23 @@ def test_strangers_on_every_port_never_stop_the_job(tmp_path, transport):
     env = {"WEFT_TRANSPORT": transport, "WEFT_DEBUG": "INFO", "WEFT_TUNE": "off"}
     with Ranks(held_then_allreduce, SIZE, go, COUNTS, env=env) as ranks:
         held = list(range(SIZE - 1))
-        ports = [sockets[0][1] for sockets in wait_listening(ranks, held).values()]
+        ports = {rank: sockets[0][1] for rank, sockets in wait_listening(ranks, held).items()}
         start = time.monotonic()
         with Attacker(ports) as attacker:
             time.sleep(2)  # listening, waiting for the last rank's address
             release(go[0])
             # The last rank listens from now on, held before it connects: attacked too.
             last_port = wait_listening(ranks, [SIZE - 1])[SIZE - 1][0][1]
-            with Attacker([last_port]) as last_attacker:
-                time.sleep(2)  # the others serve their ports, waiting for the last rank's sockets
-                # It never accepts: its queue fills, and holds what it took until it closes.
+            with Attacker({SIZE - 1: last_port}) as last_attacker:
+                # The others serve their ports, waiting for the last rank's sockets, until each
+                # has met every kind of stranger (the bootstrap's timeout bounds how long).
+                serving = time.monotonic()
+                while time.monotonic() - serving < 8 and any(
+                    unlogged(ranks.stderr_so_far(rank)) for rank in held
+                ):
+                    time.sleep(0.1)
+                # The last rank never accepts: its queue fills, and holds what it took until it
+                # closes.
                 assert last_attacker.flooding() > 0
                 # ... and attacked still while they build the mesh and run.
                 finish(ranks, go, timeout=TIMEOUT_S + 30)
@@ -154,14 +192,5 @@ def test_strangers_on_every_port_never_stop_the_job(tmp_path, transport):
     assert attacker.sent > 0
     assert elapsed < TIMEOUT_S + 30
     for rank in held:  # every rank that serves its port (the last one never does)
-        drops = [line for line in ranks.stderr(rank).splitlines() if "dropped a connection" in line]
-        whys = [
-            "not a weft hello of this version",
-            "names no socket of this mesh",
-            "too many connections waiting at once",
-            "closed before completing the handshake",
-        ]
-        if rank == 0:  # the impostor's hello names rank 0
-            whys.append("wrong proof of the job secret")
-        for why in whys:
-            assert any(why in line for line in drops), f"rank {rank} dropped none with {why!r}"
+        missing = unlogged(ranks.stderr(rank))
+        assert not missing, f"rank {rank} dropped no connection with {missing}"

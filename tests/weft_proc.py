@@ -214,6 +214,12 @@ class Ranks:
         self.children[rank].join_readers()
         return "".join(self.children[rank].stderr)
 
+    def stderr_so_far(self, rank: int) -> str:
+        """What ``rank`` has written to stderr until now, while it runs."""
+        child = self.children[rank]
+        with child.changed:
+            return "".join(child.stderr)
+
     def kill(self, rank: int) -> None:
         self.children[rank].proc.kill()
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <thread>
 
@@ -105,8 +106,10 @@ class Acceptor {
   Acceptor(const MeshIdentity& me, std::vector<std::vector<Socket>>& sockets)
       : me_(me), sockets_(sockets) {}
 
-  // Takes every connection waiting on the listener.
-  void accept_all(Socket& listener) {
+  // Takes every connection waiting on the listener, reading at once what each
+  // has already sent: a peer whose hello came with its connection is answered
+  // before the next crowd of strangers can shed it.
+  void accept_all(Socket& listener, int& expected) {
     for (;;) {
       sockaddr_in addr{};
       socklen_t len = sizeof(addr);
@@ -129,6 +132,8 @@ class Acceptor {
       pending_.emplace_back();
       pending_.back().socket = Socket(fd);
       pending_.back().from = peer_name(addr);
+      advance(std::prev(pending_.end()), expected);
+      if (expected == 0) return;
     }
   }
 
@@ -194,11 +199,15 @@ class Acceptor {
     return true;
   }
 
-  // The connection to shed for room: the oldest that has not yet sent a hello.
+  // The connection to shed for room: the oldest that has sent nothing, else the
+  // oldest that has not yet sent a whole hello, else the oldest.
   std::list<Pending>::iterator victim() {
     auto silent = std::find_if(pending_.begin(), pending_.end(),
-                               [](const Pending& p) { return !p.challenged; });
-    return silent != pending_.end() ? silent : pending_.begin();
+                               [](const Pending& p) { return !p.challenged && p.have == 0; });
+    if (silent != pending_.end()) return silent;
+    auto unanswered = std::find_if(pending_.begin(), pending_.end(),
+                                   [](const Pending& p) { return !p.challenged; });
+    return unanswered != pending_.end() ? unanswered : pending_.begin();
   }
 
   bool drop(std::list<Pending>::iterator p, const std::string& why) {
@@ -290,7 +299,7 @@ void accept_peers(Socket& listener, const MeshIdentity& me,
     for (size_t i = 0; i < order.size() && expected > 0; ++i) {
       if (fds[i + 1].revents != 0) acceptor.advance(order[i], expected);
     }
-    if (fds[0].revents != 0 && expected > 0) acceptor.accept_all(listener);
+    if (fds[0].revents != 0 && expected > 0) acceptor.accept_all(listener, expected);
   }
 }
 

@@ -139,16 +139,8 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
         programs[rank] = RankProgram(channels, scratch=chunks["s"])
         if max(chunks["i"], chunks["o"]) > chunks_per_loop:
             fail(where, f"a buffer has more chunks than nchunksperloop={chunks_per_loop}")
-    for rank, program in enumerate(programs):
-        for c, channel in enumerate(program.channels):
-            for i, step in enumerate(channel.steps):
-                for block, index in step.deps:
-                    if index >= len(program.channels[block].steps):
-                        fail(
-                            f"<gpu id={rank}> <tb id={c}> <step s={i}>",
-                            f"depends on step {index} of thread block {block}, which has "
-                            f"{len(program.channels[block].steps)} steps",
-                        )
+    for gpu in gpus:
+        _check_dependencies(gpu, programs[number(gpu, "id", "<gpu>")], fail)
     return Algorithm(
         name=root.get("name") or Path(source).stem,
         collective=collective,
@@ -159,6 +151,30 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
         elem_size=elem_size,
         slot_bytes=elem_size,  # a chunk per message
     )
+
+
+def _check_dependencies(gpu, program: RankProgram, fail) -> None:
+    """Each dependency names a step that exists, and one MSCCL's runtime signals: a thread block
+    raises its flag only after steps marked hasdep=1, and a waiter waits for the flag to reach
+    its step, so a step no later step of its block marks would be waited for forever."""
+    marked = [[step.get("hasdep") == "1" for step in tb] for tb in gpu.findall("tb")]
+    for c, channel in enumerate(program.channels):
+        for i, step in enumerate(channel.steps):
+            at = f"<gpu id={gpu.get('id')}> <tb id={c}> <step s={i}>"
+            for block, index in step.deps:
+                if index >= len(marked[block]):
+                    fail(
+                        at,
+                        f"depends on step {index} of thread block {block}, which has "
+                        f"{len(marked[block])} steps",
+                    )
+                if not any(marked[block][index:]):
+                    fail(
+                        at,
+                        f"depends on step {index} of thread block {block}, but neither it nor "
+                        "a later step of that block has hasdep=1: MSCCL's runtime would wait "
+                        "for it forever",
+                    )
 
 
 def _call_count(collective, ranks, chunks, in_place, where, fail) -> int:
@@ -238,6 +254,8 @@ def _step(element, at, send: int, recv: int, tb_id: int, blocks: int, number, fa
             fail(at, f"{prefix}buf={buffer!r}: use i, o or s")
         return place(Span(BUFFERS[buffer], number(element, f"{prefix}off", at), cnt))
 
+    if element.get("hasdep") not in ("0", "1"):
+        fail(at, f"hasdep={element.get('hasdep')!r}: use 0 or 1")
     depid, deps = number(element, "depid", at, -1), number(element, "deps", at, -1)
     if (depid < 0) != (deps < 0) or depid >= blocks or depid == tb_id:
         fail(

@@ -439,6 +439,7 @@ ENV_CASES = {
     "WEFT_NCCL_MODE=bogus": ({"WEFT_NCCL_MODE": "bogus"}, None, "WEFT_NCCL_MODE"),
     "WEFT_CPU_PLACEMENT=bogus": ({"WEFT_CPU_PLACEMENT": "bogus"}, None, "WEFT_CPU_PLACEMENT"),
     "WEFT_NCCL_STEP_BYTES=0": ({"WEFT_NCCL_STEP_BYTES": "0"}, None, "WEFT_NCCL_STEP_BYTES"),
+    "WEFT_TRACE_OPS=-1": ({"WEFT_TRACE_OPS": "-1"}, None, "WEFT_TRACE_OPS"),
     "WEFT_SCRATCH_CACHE_BYTES=x": (
         {"WEFT_SCRATCH_CACHE_BYTES": "x"},
         None,

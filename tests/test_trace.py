@@ -242,3 +242,33 @@ def test_sigabrt_writes_the_trace_and_the_verdict_names_it(tmp_path):
     assert files == [f"case-aborted.rank{r}.weft-trace" for r in (0, 1)], files
     first = verdict(tmp_path).splitlines()[0]
     assert re.search(rf"^rank {SLOW} is behind.*SIGABRT", first), first
+
+
+def scenario_left_alone(rank, size, store):
+    """Ten allreduces; then rank 1 leaves and rank 0's next one fails."""
+    import weft
+
+    comm = weft.Communicator(store, rank, size, name="kept", timeout=TIMEOUT_S)
+    for _ in range(10):
+        comm.allreduce(np.ones(10, np.float32))
+    if rank == 1:
+        return {}
+    return outcome(lambda: comm.allreduce(np.ones(10, np.float32)))
+
+
+@pytest.mark.parametrize("kept", [None, "4", "0"])
+def test_weft_trace_ops_is_how_many_operations_the_trace_keeps(tmp_path, kept):
+    env = {"WEFT_TRANSPORT": "shm", "WEFT_TUNE": "off", "WEFT_TRACE_DIR": str(tmp_path)}
+    if kept is not None:
+        env["WEFT_TRACE_OPS"] = kept
+    with Ranks(scenario_left_alone, 2, env=env) as ranks:
+        assert ranks.result(0, timeout=60)["raised"]
+    lines = (tmp_path / "kept.rank0.weft-trace").read_text().splitlines()
+    ops = [line for line in lines if line.startswith("op ")]
+    assert any(line.startswith("reason ") for line in lines)
+    expected = 12 if kept is None else int(kept)  # creation, allreduces #0-#9 and #10
+    assert len(ops) == expected, ops
+    if ops:
+        assert " seq=10 name=allreduce " in ops[-1] and "state=failed" in ops[-1], ops[-1]
+    # Rank 1 left without a trace: the verdict says so with or without operations listed.
+    assert verdict(tmp_path).startswith("rank 1 died: it wrote no trace"), verdict(tmp_path)

@@ -148,6 +148,7 @@ Config parse() {
   c.cpu_placement =
       env_choice("WEFT_CPU_PLACEMENT", c.cpu_placement, {{"auto", true}, {"off", false}});
   if (const char* dir = env("WEFT_TRACE_DIR")) c.trace_dir = dir;
+  c.trace_ops = env_int_in("WEFT_TRACE_OPS", c.trace_ops, 0, 1 << 20);
   // torch's own switch for checking collectives across ranks turns ours on too.
   const char* torch_debug = env("TORCH_DISTRIBUTED_DEBUG");
   c.debug_checks =

@@ -53,6 +53,7 @@ struct Config {
   size_t nccl_step_bytes = 4 << 20;        // WEFT_NCCL_STEP_BYTES: largest step of nccl plans
   bool cpu_placement = true;  // WEFT_CPU_PLACEMENT=auto|off: ranks may move between CPUs
   std::string trace_dir;      // WEFT_TRACE_DIR: where the flight recorder writes on failure
+  int trace_ops = 256;        // WEFT_TRACE_OPS: operations the recorder keeps (0: none)
   bool debug_checks = false;  // WEFT_DEBUG_CHECKS=1: ranks compare each collective's call first
 };
 

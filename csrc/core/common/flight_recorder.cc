@@ -120,7 +120,11 @@ void FlightRecorder::write_all(int signal) {
 }
 
 FlightRecorder::FlightRecorder(const std::string& comm_name, int rank, int size)
-    : rank_(rank), size_(size), enabled_(!config().trace_dir.empty()) {
+    : rank_(rank),
+      size_(size),
+      enabled_(!config().trace_dir.empty()),
+      capacity_(static_cast<uint64_t>(config().trace_ops)),
+      entries_(new Entry[capacity_]) {
   copy_text(name_, sizeof(name_), comm_name.c_str());
   for (char* c = name_; *c != '\0'; ++c) {
     if (*c == '/' || *c == ' ') *c = '_';
@@ -146,7 +150,8 @@ FlightRecorder::~FlightRecorder() {
 
 void FlightRecorder::issued(uint64_t seq, const char* op, DataType dtype, ReduceOp reduce,
                             size_t count, int root) {
-  Entry& e = entries_[next_.load(std::memory_order_relaxed) % kEntries];
+  if (capacity_ == 0) return;
+  Entry& e = entries_[next_.load(std::memory_order_relaxed) % capacity_];
   e.number.store(0, std::memory_order_relaxed);
   e.seq = seq;
   e.op = op;
@@ -220,9 +225,9 @@ void FlightRecorder::write_file(const char* reason, int signal) const {
   if (reason[0] != '\0') line.text("reason ").text(reason).write_to(fd);
   // Oldest first: the ring from the entry after the newest.
   const uint64_t newest = next_.load(std::memory_order_acquire);
-  const uint64_t first = newest > kEntries ? newest - kEntries : 0;
+  const uint64_t first = newest > capacity_ ? newest - capacity_ : 0;
   for (uint64_t i = first; i < newest; ++i) {
-    const Entry& e = entries_[i % kEntries];
+    const Entry& e = entries_[i % capacity_];
     if (e.number.load(std::memory_order_acquire) != i + 1) continue;  // being rewritten
     line.text("op seq=").number(static_cast<int64_t>(e.seq)).text(" name=").text(e.op);
     line.text(" dtype=").text(to_string(e.dtype)).text(" reduce=").text(to_string(e.reduce));

@@ -1,4 +1,4 @@
-// The flight recorder: each communicator keeps its last kEntries operations
+// The flight recorder: each communicator keeps its last WEFT_TRACE_OPS operations
 // (what was called, the algorithm and peers it ran with, its state and wall
 // clock times) in a fixed ring, and writes them to WEFT_TRACE_DIR when an
 // operation fails, when the communicator is aborted, or when the process gets
@@ -6,13 +6,15 @@
 // every rank's file and says which rank died, is behind or differs.
 //
 // Recording costs a few stores and two clock reads per operation: no
-// allocation, no lock. Only the thread running the communicator's operations
-// (one at a time) writes; the signal handler reads whatever is there.
+// allocation, no lock (WEFT_TRACE_OPS=0 records nothing, to measure that).
+// Only the thread running the communicator's operations (one at a time)
+// writes; the signal handler reads whatever is there.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/common/types.h"
@@ -21,7 +23,6 @@ namespace weft {
 
 class FlightRecorder {
  public:
-  static constexpr int kEntries = 256;
   static constexpr int kMostPeers = 8;  // peers listed per entry (the first ones)
   static constexpr size_t kTextBytes = 512;
 
@@ -76,7 +77,8 @@ class FlightRecorder {
   Entry* current_ = nullptr;
   std::atomic<bool> dumped_{false};
   char reason_[kTextBytes] = {};
-  Entry entries_[kEntries];
+  const uint64_t capacity_;  // WEFT_TRACE_OPS
+  std::unique_ptr<Entry[]> entries_;
 };
 
 }  // namespace weft

@@ -44,6 +44,35 @@ def test_binomial_broadcast_agrees_with_the_closed_form(p):
     assert sim.time_s == pytest.approx(topo.predict("tree", "broadcast", 4096, world, model()))
 
 
+@pytest.mark.parametrize(
+    "family,collective,sizes,copies",
+    [
+        ("rhd", "allreduce", [2, 4, 8, 16], 0),
+        ("rhd", "reduce_scatter", [2, 4], 0),
+        ("rhd", "allgather", [2, 4, 8, 16], 0),
+        ("rd", "allreduce", [2, 8], 0),
+        ("rd", "allreduce", [4, 16], 1),  # the result ends in scratch: one copy out
+        ("tree", "broadcast", [2, 4, 8, 16], 0),
+        ("tree", "reduce", [2, 4, 8, 16], 0),
+        ("chain", "broadcast", [2, 3, 4, 6, 8], 0),
+        ("chain", "reduce", [2, 3, 4, 6, 8], 0),
+    ],
+)
+def test_more_families_agree_with_the_closed_form_where_nothing_contends(
+    family, collective, sizes, copies
+):
+    """On a full mesh every pair has its own link, so nothing contends and the event
+    simulation's time is the closed form's, step for step, but for the local copies: the
+    simulator takes them as free, the closed form prices one at half a shared-memory message."""
+    for p in sizes:
+        world = Topology.fully_connected(p, latency_s=ALPHA, bandwidth_Bps=1 / BETA)
+        for nbytes in (4 * p, 4 * p * 64, 4 * p * 4096):
+            sim = topo.simulate(family, world, nbytes, collective=collective, gamma_s_per_b=GAMMA)
+            closed = topo.predict(family, collective, nbytes, world, model())
+            copy = nbytes * BETA / 2
+            assert closed - sim.time_s == pytest.approx(copies * copy, abs=1e-12), (p, nbytes)
+
+
 def test_an_algorithm_from_python_runs_as_the_same_plan_from_cpp():
     world = Topology.torus((3, 4))
     for family in ("ring", "rhd", "tree", "rd"):

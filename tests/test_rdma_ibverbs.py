@@ -1,6 +1,7 @@
 """weft's ibverbs back end over the verbs emulator (tests/verbs_emulator/): two queue pairs per
-peer, each fault the emulator injects and a wrong memory key turned into the documented error,
-a missing library, no device and a WEFT_IB_HCA naming no device refused with one clear error,
+peer, each fault the emulator injects (device, port and QP async events among them) and a
+wrong memory key turned into the documented error, WEFT_IB_TIMEOUT and WEFT_IB_RETRY_CNT reaching
+every queue pair, a missing library, no device and a WEFT_IB_HCA naming no device refused with one clear error,
 auto picking ibverbs between hosts (and shm on one), and one small run on real hardware where
 libibverbs lists a device. tests/test_rdma.py runs the collective matrix over it; tests/
 test_errors.py kills a peer mid-transfer."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 
 import pytest
 import rdma_backends
@@ -86,12 +88,31 @@ def fault(spec: str) -> dict[str, str]:
     return {"WEFT_VERBS_EMU_FAULT": spec}
 
 
-def worlds() -> dict[str, tuple]:
+QP_EVENTS = {  # the emulator's fault: what libibverbs calls the event
+    "qp_fatal": "local work queue catastrophic error",
+    "qp_req_err": "invalid request local work queue error",
+    "qp_access_err": "local access violation work queue error",
+}
+
+
+def worlds(stats_dir) -> dict[str, tuple]:
     """name: (scenario, size, environment of every rank, environments by rank)."""
     return {
         "retry_exceeded": (scenario_loop, 2, emulated(), {0: fault("retry_exceeded:40")}),
         "cq_overflow": (scenario_loop, 2, emulated(**fault("cq_overflow:4")), {}),
         "device_fatal": (scenario_loop, 2, emulated(**fault("device_fatal:1000")), {}),
+        "port_err": (scenario_loop, 2, emulated(**fault("port_err:1000")), {}),
+        **{name: (scenario_loop, 2, emulated(), {0: fault(f"{name}:1000")}) for name in QP_EVENTS},
+        "ib_timeout_and_retry_cnt": (
+            scenario_allreduces,
+            2,
+            emulated(
+                WEFT_IB_TIMEOUT="14",
+                WEFT_IB_RETRY_CNT="3",
+                WEFT_VERBS_EMU_STATS=str(stats_dir / "set"),
+            ),
+            {},
+        ),
         "rnr": (scenario_loop, 2, emulated(), {1: fault("rnr")}),
         "no_device": (scenario_allreduces, 2, emulated(**fault("no_device")), {}),
         "missing_library": (
@@ -106,7 +127,12 @@ def worlds() -> dict[str, tuple]:
         "auto_between_hosts": (
             scenario_allreduces,
             2,
-            emulated(WEFT_TRANSPORT="auto", WEFT_IB_HCA="=weft_emu0:1", WEFT_IB_GID_INDEX="3"),
+            emulated(
+                WEFT_TRANSPORT="auto",
+                WEFT_IB_HCA="=weft_emu0:1",
+                WEFT_IB_GID_INDEX="3",
+                WEFT_VERBS_EMU_STATS=str(stats_dir / "default"),
+            ),
             {},
         ),
         "auto_one_host": (
@@ -125,9 +151,18 @@ def worlds() -> dict[str, tuple]:
 
 
 @pytest.fixture(scope="module")
-def outcomes():
+def stats_dir(tmp_path_factory):
+    """Where the emulator's counters go: one folder per world that keeps them."""
+    base = tmp_path_factory.mktemp("verbs_emu_stats")
+    for world in ("set", "default"):
+        (base / world).mkdir()
+    return base
+
+
+@pytest.fixture(scope="module")
+def outcomes(stats_dir):
     """Every world of worlds(), run at once: the outcomes of each world's ranks."""
-    return run_worlds(worlds())
+    return run_worlds(worlds(stats_dir))
 
 
 def expect(outs, raised: str, *texts: str, within_s: float = SHORT_TIMEOUT_S + SLACK_S):
@@ -171,6 +206,36 @@ def test_cq_overflow(outcomes):
 def test_device_fatal(outcomes):
     """IBV_EVENT_DEVICE_FATAL fails every connection of the device."""
     expect(outcomes["device_fatal"], "PeerError", "local catastrophic error")
+
+
+@needs_emulator
+def test_port_error(outcomes):
+    """IBV_EVENT_PORT_ERR fails every connection of the port, naming the port."""
+    expect(outcomes["port_err"], "PeerError", "port error on port 1")
+
+
+@needs_emulator
+@pytest.mark.parametrize("event", QP_EVENTS)
+def test_qp_events(outcomes, event):
+    """A fatal event on one QP (its QP to ERR) fails the rank that got it, naming the event
+    and the QP; its peer, whose writes to that QP are no longer acknowledged, fails too."""
+    hit, peer = outcomes[event]
+    expect([hit], "PeerError", f"async event {QP_EVENTS[event]} on QP ")
+    assert peer["raised"] in ("PeerError", "TimeoutError"), peer
+    assert peer["elapsed"] < SHORT_TIMEOUT_S + SLACK_S, peer
+
+
+@needs_emulator
+def test_ib_timeout_and_retry_cnt_reach_the_queue_pairs(outcomes, stats_dir):
+    """WEFT_IB_TIMEOUT and WEFT_IB_RETRY_CNT are what every QP enters RTS with (the emulator
+    records them), NCCL's 20 and 7 when unset; the job computes as before."""
+    expect_values(outcomes["ib_timeout_and_retry_cnt"], "ibverbs")
+    for world, (timeout, retry_cnt) in {"set": (14, 3), "default": (20, 7)}.items():
+        stats = [json.loads(p.read_text()) for p in (stats_dir / world).glob("verbs_emu.*.json")]
+        assert len(stats) == 2, stats
+        for s in stats:
+            assert s["rts_timeouts_mask"] == 1 << timeout, s
+            assert s["rts_retry_cnts_mask"] == 1 << retry_cnt, s
 
 
 @needs_emulator

@@ -30,10 +30,12 @@ struct Config {
   bool rnr = false;             // never accept a receive
   long retry_exceeded_nth = 0;  // the N-th signaled write fails with RETRY_EXC_ERR
   long cq_clamp = 0;            // CQ capacity clamped to this many entries
-  long device_fatal_ms = -1;    // IBV_EVENT_DEVICE_FATAL this long after open
-  long timeout_cap_ms = 200;    // longest modeled transport timeout
-  std::string stats_dir;        // where each process writes its counters
-  std::string socket_dir;       // where contexts listen
+  // An injected fatal async event (device, port or QP) this long after open.
+  ibv_event_type fatal_event = IBV_EVENT_DEVICE_FATAL;
+  long fatal_ms = -1;
+  long timeout_cap_ms = 200;  // longest modeled transport timeout
+  std::string stats_dir;      // where each process writes its counters
+  std::string socket_dir;     // where contexts listen
 };
 const Config& config();
 void complain(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -42,6 +44,8 @@ struct Stats {
   std::atomic<uint64_t> writes{0}, writes_with_imm{0}, receives_consumed{0}, rnr_naks_sent{0},
       rnr_naks_received{0}, payload_bytes{0}, wire_messages{0}, wire_bytes{0}, acks_sent{0},
       retransmissions{0}, error_completions{0};
+  // Bit v set: some QP entered RTS with that ack timeout / retry count.
+  std::atomic<uint64_t> rts_timeouts{0}, rts_retry_cnts{0};
 };
 Stats& stats();
 void write_stats();

@@ -28,6 +28,20 @@ long number_after(const std::string& item, const char* name) {
 
 bool starts(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
+// The async event an injected-fault item ("qp_fatal:MS", ...) names, or null.
+const ibv_event_type* fatal_event_named(const std::string& item) {
+  static const std::pair<const char*, ibv_event_type> kEvents[] = {
+      {"device_fatal:", IBV_EVENT_DEVICE_FATAL},
+      {"port_err:", IBV_EVENT_PORT_ERR},
+      {"qp_fatal:", IBV_EVENT_QP_FATAL},
+      {"qp_req_err:", IBV_EVENT_QP_REQ_ERR},
+      {"qp_access_err:", IBV_EVENT_QP_ACCESS_ERR}};
+  for (const auto& [prefix, event] : kEvents) {
+    if (starts(item, prefix)) return &event;
+  }
+  return nullptr;
+}
+
 Config load() {
   Config c;
   if (const char* fault = std::getenv("WEFT_VERBS_EMU_FAULT")) {
@@ -47,12 +61,14 @@ Config load() {
         c.retry_exceeded_nth = number_after(item, "retry_exceeded");
       } else if (starts(item, "cq_overflow:")) {
         c.cq_clamp = number_after(item, "cq_overflow");
-      } else if (starts(item, "device_fatal:")) {
-        c.device_fatal_ms = number_after(item, "device_fatal");
+      } else if (const ibv_event_type* event = fatal_event_named(item)) {
+        c.fatal_event = *event;
+        c.fatal_ms = number_after(item, item.substr(0, item.find(':')).c_str());
       } else {
         complain(
             "WEFT_VERBS_EMU_FAULT: unknown fault '%s' (ignored); known: no_device, rnr, "
-            "retry_exceeded:N, cq_overflow:K, device_fatal:MS",
+            "retry_exceeded:N, cq_overflow:K, device_fatal:MS, port_err:MS, qp_fatal:MS, "
+            "qp_req_err:MS, qp_access_err:MS",
             item.c_str());
       }
     }
@@ -100,11 +116,13 @@ void write_stats() {
                "{\"pid\": %d, \"writes\": %lu, \"writes_with_imm\": %lu, "
                "\"receives_consumed\": %lu, \"rnr_naks_sent\": %lu, \"rnr_naks_received\": %lu, "
                "\"payload_bytes\": %lu, \"wire_messages\": %lu, \"wire_bytes\": %lu, "
-               "\"acks_sent\": %lu, \"retransmissions\": %lu, \"error_completions\": %lu}\n",
+               "\"acks_sent\": %lu, \"retransmissions\": %lu, \"error_completions\": %lu, "
+               "\"rts_timeouts_mask\": %lu, \"rts_retry_cnts_mask\": %lu}\n",
                static_cast<int>(getpid()), s.writes.load(), s.writes_with_imm.load(),
                s.receives_consumed.load(), s.rnr_naks_sent.load(), s.rnr_naks_received.load(),
                s.payload_bytes.load(), s.wire_messages.load(), s.wire_bytes.load(),
-               s.acks_sent.load(), s.retransmissions.load(), s.error_completions.load());
+               s.acks_sent.load(), s.retransmissions.load(), s.error_completions.load(),
+               s.rts_timeouts.load(), s.rts_retry_cnts.load());
   std::fclose(f);
   std::rename(tmp.c_str(), path.c_str());
 }

@@ -252,8 +252,8 @@ EMU_API struct ibv_context* ibv_open_device(struct ibv_device* device) {
     delete ctx;
     return fail<ibv_context>(err);
   }
-  if (config().device_fatal_ms >= 0)
-    ctx->fatal_at = Clock::now() + std::chrono::milliseconds(config().device_fatal_ms);
+  if (config().fatal_ms >= 0)
+    ctx->fatal_at = Clock::now() + std::chrono::milliseconds(config().fatal_ms);
   ctx->progress = std::thread(progress_main, ctx);
   return &ctx->base;
 }
@@ -577,7 +577,11 @@ EMU_API int ibv_modify_qp(struct ibv_qp* base, struct ibv_qp_attr* a, int mask) 
         connect_qp(ctx, qp);
       }
     }
-    if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) qp->next_psn = s.sq_psn;
+    if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) {
+      qp->next_psn = s.sq_psn;
+      stats().rts_timeouts |= uint64_t{1} << s.timeout;
+      stats().rts_retry_cnts |= uint64_t{1} << s.retry_cnt;
+    }
   }
   wake(ctx);
   return 0;

@@ -482,12 +482,35 @@ void sweep(Context* ctx) {
   }
 }
 
-void device_fatal(Context* ctx) {
-  ctx->fatal = true;
-  complain("injected device fatal error");
-  for (auto& [qpn, qp] : ctx->qps) qp_to_error(qp);
+// The injected fatal event, once its time has come: a QP event takes the
+// first QP in RTS to ERR (waiting for one), a port or device event every QP
+// (a NIC whose port went down would fail them by retries, later).
+void inject_fatal_event(Context* ctx, Clock::time_point now) {
   ibv_async_event ev{};
-  ev.event_type = IBV_EVENT_DEVICE_FATAL;
+  ev.event_type = config().fatal_event;
+  const char* what = ibv_event_type_str(ev.event_type);
+  if (ev.event_type == IBV_EVENT_QP_FATAL || ev.event_type == IBV_EVENT_QP_REQ_ERR ||
+      ev.event_type == IBV_EVENT_QP_ACCESS_ERR) {
+    Qp* hit = nullptr;
+    for (auto& [qpn, qp] : ctx->qps) {
+      if (qp->attr.qp_state == IBV_QPS_RTS) {
+        hit = qp;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ctx->fatal_at = now + std::chrono::milliseconds(10);
+      return;
+    }
+    complain("injected %s on QP %u", what, hit->base.qp_num);
+    qp_to_error(hit);
+    ev.element.qp = &hit->base;
+  } else {
+    complain("injected %s", what);
+    for (auto& [qpn, qp] : ctx->qps) qp_to_error(qp);
+    ev.element.port_num = 1;  // read only for a port event
+  }
+  ctx->fatal = true;
   push_async(ctx, ev);
 }
 
@@ -497,7 +520,7 @@ Clock::time_point next_deadline(Context* ctx, Clock::time_point now) {
     if (qp->fail_armed) t = std::min(t, qp->fail_at);
     if (qp->rnr_until > now && !qp->sq.empty()) t = std::min(t, qp->rnr_until);
   }
-  if (config().device_fatal_ms >= 0 && !ctx->fatal) t = std::min(t, ctx->fatal_at);
+  if (config().fatal_ms >= 0 && !ctx->fatal) t = std::min(t, ctx->fatal_at);
   return t;
 }
 
@@ -759,7 +782,9 @@ void progress_main(Context* ctx) {
   std::unique_lock<std::mutex> lk(ctx->mu);
   while (!ctx->stop) {
     Clock::time_point now = Clock::now();
-    if (config().device_fatal_ms >= 0 && !ctx->fatal && now >= ctx->fatal_at) device_fatal(ctx);
+    if (config().fatal_ms >= 0 && !ctx->fatal && now >= ctx->fatal_at) {
+      inject_fatal_event(ctx, now);
+    }
     for (auto& [qpn, qp] : ctx->qps) advance(ctx, qp, now);
     for (size_t i = 0; i < ctx->conns.size(); ++i) {  // streams waiting on a QP's state
       Conn* c = ctx->conns[i];

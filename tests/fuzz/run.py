@@ -42,6 +42,20 @@ CPP_TARGETS = {
         "seeds": [struct.pack("<QHB", 7, 4, 0) + (struct.pack("<QQ", 4, 7) + b"abcd") * 2
                   + struct.pack("<QQ", 5, 7) + b"abcde"],
     },
+    "fuzz_shm_fifo": {
+        "sources": ["transport/shm/*.cc", "bootstrap/socket.cc", "reduce/cpu_reduce*.cc",
+                    "transport/op_signature.cc", "common/config.cc", "common/log.cc",
+                    "common/error.cc", "common/types.cc"],
+        # Expect operation 7, 40 bytes, through recv_slot, 2 slots of 40 bytes: the peer
+        # posts two messages in slot data, lets the receiver take one, then posts two by
+        # reference, at offset 0 of its 256 KiB buffer and one that runs past its end. Then
+        # 4 bytes into the caller's buffer, 1 slot: two messages in their headers.
+        "seeds": [struct.pack("<QHB", 7, 40, 0b1001)
+                  + (struct.pack("<BBQ", 3, 1, 0) + bytes(range(40))) * 2
+                  + struct.pack("<BB", 5, 0) + struct.pack("<BBQ", 3, 2, 0)
+                  + struct.pack("<BBQ", 3, 2, (256 << 10) - 39),
+                  struct.pack("<QHB", 7, 4, 0) + (struct.pack("<BBQ", 3, 3, 0) + b"abcd") * 2],
+    },
     "fuzz_cost_model": {
         "sources": ["tune/cost_model.cc", "common/error.cc", "algo/*.cc"],
         "seeds": [b"shm_alpha_s 1e-6\nshm_beta_s_per_b 1e-10\ntcp_alpha_s 2e-5\n"

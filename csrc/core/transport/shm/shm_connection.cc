@@ -290,6 +290,12 @@ class ShmConnection final : public Connection {
         header.kind != shm::kSlotInHeader) {
       throw PeerError("shared-memory FIFO corrupted: unknown slot kind");
     }
+    // A header holds kHeaderPayloadBytes: a longer message there would be
+    // read from the headers and slot data after it.
+    if (header.kind == shm::kSlotInHeader && bytes > shm::kHeaderPayloadBytes) {
+      throw PeerError("shared-memory FIFO corrupted: a message of " + std::to_string(bytes) +
+                      " bytes in its slot header");
+    }
     return header;
   }
 

@@ -230,16 +230,20 @@ def scenario_aborted(rank, size, store):
     return outcome(lambda: comm.allreduce(np.ones(COUNT, np.float32)))
 
 
-def test_sigabrt_writes_the_trace_and_the_verdict_names_it(tmp_path):
-    env = {"WEFT_TRANSPORT": "shm", "WEFT_TUNE": "off", "WEFT_TRACE_DIR": str(tmp_path)}
-    with Ranks(scenario_aborted, 2, env=env) as ranks:
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_sigabrt_writes_the_trace_and_the_verdict_names_it(tmp_path, transport):
+    env = {"WEFT_TRANSPORT": transport, "WEFT_TUNE": "off", "WEFT_TRACE_DIR": str(tmp_path)}
+    size = 4
+    with Ranks(scenario_aborted, size, env=env) as ranks:
         ranks.wait_mark(SLOW, "sleeping", timeout=120)
-        assert ranks.result(0, timeout=60)["raised"]
+        for rank in range(size):
+            if rank != SLOW:
+                assert ranks.result(rank, timeout=60)["raised"]
         os.kill(ranks.pids[SLOW], signal.SIGABRT)
         code = ranks.wait_exit(SLOW, timeout=30)
     assert code == -signal.SIGABRT, f"rank {SLOW} exited with {code} after SIGABRT"
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == [f"case-aborted.rank{r}.weft-trace" for r in (0, 1)], files
+    assert files == [f"case-aborted.rank{r}.weft-trace" for r in range(size)], files
     first = verdict(tmp_path).splitlines()[0]
     assert re.search(rf"^rank {SLOW} is behind.*SIGABRT", first), first
 

@@ -2,7 +2,9 @@
 
 Runs allreduce with each requested algorithm over counts and dtypes, checks every result
 against numpy, and prints one JSON line: errors found, the algorithm each communicator would
-run for 64 MiB, and the transport to every peer.
+run for 64 MiB, and the transport to every peer. With ``--torch-cases`` it also runs those
+cases of test_backend.py (every dtype and op of each collective, through torch.distributed
+over weft and over gloo on the same inputs) and reports where the two differ.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import timedelta
+from types import SimpleNamespace
 
 import numpy as np
 import torch.distributed as dist
@@ -38,6 +41,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--store", required=True, help="ip:port of rank 0's TCPStore")
     parser.add_argument("--algos", required=True, help="comma-separated WEFT_ALGO values")
+    parser.add_argument("--torch-cases", default="", help="comma-separated test_backend cases")
     args = parser.parse_args()
     ip, port = args.store.split(":")
     store = dist.TCPStore(
@@ -57,6 +61,14 @@ def main() -> None:
                 comm.allreduce(buf, op=op)
                 if not np.allclose(buf, expected(args.size, count, dtype, op), rtol=1e-12):
                     report["errors"].append(f"{algo} {dtype} {op} count={count}")
+    if args.torch_cases:
+        import test_backend  # the cases compare weft with gloo (weft_torch.Twins)
+
+        checked = []
+        ctx = SimpleNamespace(rank=args.rank, size=args.size, store=store, note=checked.append)
+        for case in args.torch_cases.split(","):
+            report["errors"] += getattr(test_backend, f"case_{case}")(ctx)
+        report["torch_checks"] = len(checked)
     print(json.dumps(report), flush=True)
 
 

@@ -1,10 +1,10 @@
 """weft's ibverbs back end over the verbs emulator (tests/verbs_emulator/): two queue pairs per
-peer, each fault the emulator injects (device, port and QP async events among them) and a
-wrong memory key turned into the documented error, WEFT_IB_TIMEOUT and WEFT_IB_RETRY_CNT reaching
-every queue pair, a missing library, no device and a WEFT_IB_HCA naming no device refused with one clear error,
-auto picking ibverbs between hosts (and shm on one), and one small run on real hardware where
-libibverbs lists a device. tests/test_rdma.py runs the collective matrix over it; tests/
-test_errors.py kills a peer mid-transfer."""
+peer, each fault the emulator injects (device, port and QP async events among them) and a wrong
+memory key turned into the documented error, WEFT_IB_TIMEOUT and WEFT_IB_RETRY_CNT reaching
+every queue pair, a missing library, no device and a WEFT_IB_HCA naming no device refused with
+one clear error, auto picking ibverbs between hosts (and shm on one), and one small run on real
+hardware where libibverbs lists a device. tests/test_rdma.py runs the collective matrix over
+it; tests/test_errors.py kills a peer mid-transfer."""
 
 from __future__ import annotations
 

@@ -217,3 +217,36 @@ def test_check_reports_messages_the_topology_cannot_carry():
     )
     assert any("receives from rank 1" in str(e) and e.rank == 2 for e in report.errors)
     assert "has 5 ranks, the algorithm 4" in str(topo.check(ring, topology=Topology.ring(5)))
+
+
+def test_direct_only_refuses_routes_through_other_ranks():
+    """Where ranks do not forward (GPUs on direct links), a message may cross switches and NICs
+    but no other rank: recursive doubling's distance-2 exchange on a ring is refused naming the
+    rank between, the ring and the torus example pass, and a switch is no relay."""
+    rd = topo.builtin("allreduce", "rd", 4, count=8)
+    assert topo.check(rd, topology=Topology.ring(4)).ok  # routed through rank 1: allowed
+    report = topo.check(rd, topology=Topology.ring(4), direct_only=True)
+    assert not report.ok
+    first = report.errors[0]
+    assert (first.rank, first.step) == (0, 1), first
+    assert (
+        "sends to rank 2, but the topology (ring(4)) joins rank 0 to rank 2 only through rank1, "
+        "another rank's node, and ranks do not forward (direct_only)"
+    ) in str(first)
+    ring = topo.builtin("allreduce", "ring", 4, count=8)
+    assert topo.check(ring, topology=Topology.ring(4), direct_only=True).ok
+    assert topo.check(rd, topology=Topology.switch(4), direct_only=True).ok
+    eight = topo.builtin("allreduce", "rd", 8, count=8)
+    assert topo.check(eight, topology=Topology.hosts(2, 4), direct_only=True).ok
+    torus = topo.builtin("allreduce", "rd", 16, count=16)
+    assert not topo.check(torus, topology=Topology.torus((4, 4)), direct_only=True).ok
+
+
+def test_direct_only_from_the_command_line(tmp_path, capsys):
+    from weft.topo.__main__ import main
+
+    path = tmp_path / "rd4.json"
+    topo.builtin("allreduce", "rd", 4, count=8).save(path)
+    assert main(["check", str(path), "--topology", "ring:4"]) == 0
+    assert main(["check", str(path), "--topology", "ring:4", "--direct-only"]) == 1
+    assert "only through rank1, another rank's node" in capsys.readouterr().out

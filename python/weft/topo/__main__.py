@@ -2,7 +2,7 @@
 
     python -m weft.topo export allreduce ring 8 --count 1000 -o ring8.json
     python -m weft.topo check ring8.json [more.json ring.xml ...] [--slots 2 --slot-bytes 4096]
-    python -m weft.topo check ring8.json --topology torus:2x4
+    python -m weft.topo check ring8.json --topology torus:2x4 [--direct-only]
     python -m weft.topo simulate ring8.json --topology hosts:2x4 --bytes 1M [--links 5]
     python -m weft.topo simulate ring --topology ring:4096 --bytes 1M      # a built-in family
     python -m weft.topo draw topology hosts:2x4 -o hosts.png
@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     check.add_argument("--slot-bytes", type=int, help="the largest message")
     check.add_argument("--topology", type=topology_arg, help="also check every message's route")
+    check.add_argument(
+        "--direct-only",
+        action="store_true",
+        help="with --topology: ranks do not forward, so no route may pass through another rank",
+    )
     sim = commands.add_parser("simulate", help="simulate an Algorithm file or built-in family")
     sim.add_argument(
         "algorithm", help="an Algorithm file (JSON, MSCCL XML) or a built-in family's name"
@@ -134,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 slots=args.slots,
                 slot_bytes=args.slot_bytes,
                 topology=args.topology,
+                direct_only=args.direct_only,
             )
         except (ValueError, OSError) as e:  # AlgorithmError is a ValueError
             print(e if isinstance(e, topo.AlgorithmError) else f"{path}: {e}")

@@ -124,25 +124,45 @@ def _shared_connections(program, r: int) -> list[Problem]:
     return problems
 
 
-def route_problems(algo: Algorithm, topology, max_errors: int) -> list[Problem]:
-    """Every step that sends to or receives from a rank the topology joins to it by no route."""
+def _route_fault(topology, pair: tuple[int, int], rank_nodes: set | None) -> str | None:
+    """Why the topology cannot carry a message from pair[0] to pair[1], or None; with
+    ``rank_nodes`` (the names of the ranks' nodes), a route through one is a fault too."""
+    hops = topology.route(*pair)
+    if hops is None:
+        return f"has no route from rank {pair[0]} to rank {pair[1]}"
+    relays = [name for name in hops[1:-1] if rank_nodes is not None and name in rank_nodes]
+    if relays:
+        return (
+            f"joins rank {pair[0]} to rank {pair[1]} only through {', '.join(relays)}, "
+            "another rank's node, and ranks do not forward (direct_only)"
+        )
+    return None
+
+
+def route_problems(
+    algo: Algorithm, topology, max_errors: int, direct_only: bool = False
+) -> list[Problem]:
+    """Every step that sends to or receives from a rank the topology joins to it by no route
+    (with ``direct_only``, by no route free of other ranks' nodes)."""
     if topology.size != algo.ranks:
         return [Problem(f"the topology has {topology.size} ranks, the algorithm {algo.ranks}")]
-    routed: dict[tuple[int, int], bool] = {}
+    faults: dict[tuple[int, int], str | None] = {}
+    rank_nodes = (
+        {name for name, kind, _ in topology.nodes if kind == "rank"} if direct_only else None
+    )
     problems = []
     for r, c, i, step in algo.steps():
         for peer, towards in ((step.send, True), (step.recv, False)):
             if peer is None or peer == r:
                 continue
             pair = (r, peer) if towards else (peer, r)
-            if pair not in routed:
-                routed[pair] = topology.route(*pair) is not None
-            if not routed[pair] and len(problems) < max_errors:
+            if pair not in faults:
+                faults[pair] = _route_fault(topology, pair, rank_nodes)
+            if faults[pair] is not None and len(problems) < max_errors:
                 what = f"sends to rank {peer}" if towards else f"receives from rank {peer}"
                 problems.append(
                     Problem(
-                        f"{what}, but the topology ({topology.name}) has no route from rank "
-                        f"{pair[0]} to rank {pair[1]}",
+                        f"{what}, but the topology ({topology.name}) {faults[pair]}",
                         r,
                         c,
                         i,
@@ -191,6 +211,7 @@ def check(
     scale: int = 1,
     max_errors: int = 20,
     topology=None,
+    direct_only: bool = False,
 ) -> Report:
     """Runs ``algo`` symbolically and returns a Report; ``report.ok`` when every rank ends with
     exactly the collective's result and nothing deadlocks with ``slots`` messages of
@@ -199,10 +220,12 @@ def check(
     ``scale``, each element stands for that many on the wire (how topo.run runs an Algorithm
     on larger buffers): messages are counted as the executor would cut them. With a
     ``topology`` (a weft.topo.Topology of as many ranks), every message between two ranks it has
-    no route for is an error too."""
+    no route for is an error too, and with ``direct_only`` every message whose route passes
+    through another rank's node (for networks whose ranks do not forward, as GPUs joined by
+    direct links do not: switches and NICs still may)."""
     problems = shape_problems(algo)
     if not problems and topology is not None:
-        problems = route_problems(algo, topology, max_errors)
+        problems = route_problems(algo, topology, max_errors, direct_only)
     if not problems and scale < 1:
         problems = [Problem(f"scale {scale} must be at least 1")]
     labels = 0 if problems else _modelled_elements(algo)

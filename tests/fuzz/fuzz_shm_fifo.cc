@@ -22,8 +22,9 @@
 // the peer's pid, which is this process: the address the script gives is an
 // offset into a buffer of this target between two regions that cannot be
 // read, so the target knows what a correct read returns, and one that leaves
-// the buffer must fail. The receiver reads references whatever its own
-// ShmOptions::cma says (that option decides how it sends).
+// the buffer must fail. The receiver reads references only from a peer that
+// asked for them in the handshake and whose memory its probe could read,
+// whatever its own ShmOptions::cma says (that option decides how it sends).
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -188,6 +189,7 @@ class HostilePeer {
         back_(ends.incoming.data(), ends.layout),
         control_(control),
         memory_(memory),
+        references_agreed_(ends.peer_reads_us),
         want_(want),
         script_(script),
         headers_(layout_.headers),
@@ -219,7 +221,9 @@ class HostilePeer {
       case weft::shm::kSlotInHeader:
         if (want_.length > weft::shm::kHeaderPayloadBytes) return {};
         return {header.payload, false};
-      case weft::shm::kSlotReference: return {memory_.read(header.address, want_.length), false};
+      case weft::shm::kSlotReference:
+        if (!references_agreed_) return {};
+        return {memory_.read(header.address, want_.length), false};
       default: return {};
     }
   }
@@ -354,6 +358,9 @@ class HostilePeer {
   const FifoView back_;  // the other direction, which the peer receives from
   weft::Socket& control_;
   const SenderMemory& memory_;
+  // The receiver told us it can read our memory (we asked, its probe worked):
+  // only then may a message be a reference.
+  const bool references_agreed_;
   const Expected want_;
   Script script_;
   // The peer's copy of the headers and slot data it wrote, and every value it

@@ -290,6 +290,12 @@ class ShmConnection final : public Connection {
         header.kind != shm::kSlotInHeader) {
       throw PeerError("shared-memory FIFO corrupted: unknown slot kind");
     }
+    // Only a peer we told we can read may point us into its memory.
+    if (header.kind == shm::kSlotReference && !ends_.we_read_peer) {
+      throw PeerError(
+          "shared-memory FIFO corrupted: a message by reference, which the handshake did not "
+          "agree to");
+    }
     // A header holds kHeaderPayloadBytes: a longer message there would be
     // read from the headers and slot data after it.
     if (header.kind == shm::kSlotInHeader && bytes > shm::kHeaderPayloadBytes) {

@@ -140,6 +140,7 @@ Endpoints handshake(Socket& control, int rank, int peer, int peer_pid, int chann
     if (status == kOk && theirs.wants_cma && theirs.pid == peer_pid) {
       ack.can_read_you = cma_probe(peer_pid, theirs.probe_address, theirs.probe_value) ? 1 : 0;
     }
+    ends.we_read_peer = ack.can_read_you != 0;
     control.send_all(&ack, sizeof(ack), deadline, what + ": sending ack");
     if (status == kBadHello) throw PeerError(what + ": " + error);
 

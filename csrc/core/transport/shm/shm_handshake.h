@@ -17,6 +17,7 @@ struct Endpoints {
   Segment incoming;            // created by us, written by the peer
   Segment outgoing;            // created by the peer, written by us
   bool peer_reads_us = false;  // the peer can process_vm_readv our memory
+  bool we_read_peer = false;   // and we the peer's: it asked to send by reference
 };
 
 // Throws InvalidArgument when the ranks' slot settings differ, PeerError or

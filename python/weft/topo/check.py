@@ -124,13 +124,13 @@ def _shared_connections(program, r: int) -> list[Problem]:
     return problems
 
 
-def _route_fault(topology, pair: tuple[int, int], rank_nodes: set | None) -> str | None:
-    """Why the topology cannot carry a message from pair[0] to pair[1], or None; with
-    ``rank_nodes`` (the names of the ranks' nodes), a route through one is a fault too."""
+def _route_fault(topology, pair: tuple[int, int], no_relay: set[str]) -> str | None:
+    """Why the topology cannot carry a message from pair[0] to pair[1], or None; a route
+    through a node named in ``no_relay`` is a fault too."""
     hops = topology.route(*pair)
     if hops is None:
         return f"has no route from rank {pair[0]} to rank {pair[1]}"
-    relays = [name for name in hops[1:-1] if rank_nodes is not None and name in rank_nodes]
+    relays = [name for name in hops[1:-1] if name in no_relay]
     if relays:
         return (
             f"joins rank {pair[0]} to rank {pair[1]} only through {', '.join(relays)}, "
@@ -147,9 +147,8 @@ def route_problems(
     if topology.size != algo.ranks:
         return [Problem(f"the topology has {topology.size} ranks, the algorithm {algo.ranks}")]
     faults: dict[tuple[int, int], str | None] = {}
-    rank_nodes = (
-        {name for name, kind, _ in topology.nodes if kind == "rank"} if direct_only else None
-    )
+    # Under direct_only the ranks' own nodes may not pass a message on.
+    no_relay = {name for name, kind, _ in topology.nodes if kind == "rank" and direct_only}
     problems = []
     for r, c, i, step in algo.steps():
         for peer, towards in ((step.send, True), (step.recv, False)):
@@ -157,7 +156,7 @@ def route_problems(
                 continue
             pair = (r, peer) if towards else (peer, r)
             if pair not in faults:
-                faults[pair] = _route_fault(topology, pair, rank_nodes)
+                faults[pair] = _route_fault(topology, pair, no_relay)
             if faults[pair] is not None and len(problems) < max_errors:
                 what = f"sends to rank {peer}" if towards else f"receives from rank {peer}"
                 problems.append(

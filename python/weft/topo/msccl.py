@@ -137,10 +137,9 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
                     )
                 seen[key] = tb.get("id")
         programs[rank] = RankProgram(channels, scratch=chunks["s"])
+        _check_dependencies(gpu, programs[rank], where, fail)
         if max(chunks["i"], chunks["o"]) > chunks_per_loop:
             fail(where, f"a buffer has more chunks than nchunksperloop={chunks_per_loop}")
-    for gpu in gpus:
-        _check_dependencies(gpu, programs[number(gpu, "id", "<gpu>")], fail)
     return Algorithm(
         name=root.get("name") or Path(source).stem,
         collective=collective,
@@ -153,14 +152,14 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
     )
 
 
-def _check_dependencies(gpu, program: RankProgram, fail) -> None:
+def _check_dependencies(gpu, program: RankProgram, where: str, fail) -> None:
     """Each dependency names a step that exists, and one MSCCL's runtime signals: a thread block
     raises its flag only after steps marked hasdep=1, and a waiter waits for the flag to reach
     its step, so a step no later step of its block marks would be waited for forever."""
     marked = [[step.get("hasdep") == "1" for step in tb] for tb in gpu.findall("tb")]
     for c, channel in enumerate(program.channels):
         for i, step in enumerate(channel.steps):
-            at = f"<gpu id={gpu.get('id')}> <tb id={c}> <step s={i}>"
+            at = f"{where} <tb id={c}> <step s={i}>"
             for block, index in step.deps:
                 if index >= len(marked[block]):
                     fail(

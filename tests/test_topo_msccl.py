@@ -2,7 +2,8 @@
 files in ../shared/msccl (see its SOURCES.md) import and pass the checker; a ring written here in
 the same format does too, and broken copies of it are refused naming the element, or fail the
 checker naming the rank and step. Files written here take every step kind, scratch buffers and
-dependencies between thread blocks; they pass the checker and run on real ranks against numpy."""
+dependencies between thread blocks; they pass the checker and run on real ranks against numpy.
+So do a broadcast and a reduce, whose root the importer reads off the program."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from weft import topo
+from weft.topo import Span
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "msccl"
 PUBLISHED = sorted(SHARED.glob("*.xml")) if SHARED.is_dir() else []
@@ -116,10 +118,96 @@ def pair_rrc_xml() -> str:
     return algo_xml(header, gpus)
 
 
-def load(tmp_path, text: str) -> topo.Algorithm:
+def tree_broadcast_xml(ranks: int, root: int, in_place: bool = False, chunks: int = 3) -> str:
+    """A binary tree broadcast from `root` of `chunks` chunks, chunk by chunk: tree position p
+    (rank root + p) passes each chunk to positions 2p + 1 and 2p + 2. A rank with children
+    receives a chunk into its output and forwards it to the first child in one step (rcs); a
+    second thread block sends it on to the second child once that step is done (depid/deps).
+    The root sends from its input, out of place also copying it to its output; in place every
+    rank's one buffer is its input."""
+    buf = "i" if in_place else "o"
+    gpus = []
+    for r in range(ranks):
+        p = (r - root) % ranks
+        children = [(root + c) % ranks for c in (2 * p + 1, 2 * p + 2) if c < ranks]
+        parent = (root + (p - 1) // 2) % ranks
+        blocks = []
+        if p == 0:
+            for b, child in enumerate(children):
+                steps = [step(k, "s", ("i", k), (buf, k)) for k in range(chunks)]
+                blocks.append((f'id="{b}" send="{child}" recv="-1" chan="0"', steps))
+            if not in_place:
+                steps = [step(0, "cpy", ("i", 0), ("o", 0), cnt=chunks)]
+                blocks.append((f'id="{len(blocks)}" send="-1" recv="-1" chan="0"', steps))
+        elif not children:
+            steps = [step(k, "r", (buf, k), (buf, k)) for k in range(chunks)]
+            blocks.append((f'id="0" send="-1" recv="{parent}" chan="0"', steps))
+        else:
+            steps = [step(k, "rcs", (buf, k), (buf, k), hasdep=1) for k in range(chunks)]
+            blocks.append((f'id="0" send="{children[0]}" recv="{parent}" chan="0"', steps))
+            if len(children) > 1:
+                steps = [step(k, "s", (buf, k), (buf, k), dep=(0, k)) for k in range(chunks)]
+                blocks.append((f'id="1" send="{children[1]}" recv="-1" chan="0"', steps))
+        sizes = (chunks, 0) if in_place else (chunks if p == 0 else 0, chunks)
+        attrs = f'id="{r}" i_chunks="{sizes[0]}" o_chunks="{sizes[1]}" s_chunks="0"'
+        gpus.append((attrs, blocks))
+    header = (
+        f'name="tree_bcast{ranks}" proto="Simple" nchannels="1" nchunksperloop="{chunks}" '
+        f'ngpus="{ranks}" coll="broadcast" inplace="{int(in_place)}" '
+        f'outofplace="{int(not in_place)}" minBytes="0" maxBytes="0"'
+    )
+    return algo_xml(header, gpus)
+
+
+def chain_reduce_xml(ranks: int, root: int, in_place: bool = False, chunks: int = 4) -> str:
+    """A chain reduce into `root` of `chunks` chunks, from rank root + 1 round to the root, the
+    even chunks on chan 0 and the odd ones on chan 1 (a thread block each): the first rank sends
+    its input, the others receive, add their input and send on (rrs). The root adds its input to
+    the even chunks into its output as it receives them (rrc); the odd ones it receives into
+    scratch, and a local thread block copies its input to its output and adds each (cpy, then re
+    waiting on the receive). In place the root's output is its input: no copy."""
+    out = "i" if in_place else "o"
+    chain = [(root + 1 + j) % ranks for j in range(ranks)]
+    lanes = [list(range(c, chunks, 2)) for c in (0, 1)]
+    gpus = []
+    for j, r in enumerate(chain):
+        blocks = []
+        for chan, lane in enumerate(lanes):
+            send = chain[j + 1] if j + 1 < ranks else -1
+            recv = chain[j - 1] if j else -1
+            tb = f'id="{chan}" send="{send}" recv="{recv}" chan="{chan}"'
+            if j == 0:
+                steps = [step(n, "s", ("i", k), ("i", k)) for n, k in enumerate(lane)]
+            elif r != root:
+                steps = [step(n, "rrs", ("i", k), ("i", k)) for n, k in enumerate(lane)]
+            elif chan == 0:
+                steps = [step(n, "rrc", ("i", k), (out, k)) for n, k in enumerate(lane)]
+            else:
+                steps = [step(n, "r", ("s", n), ("s", n), hasdep=1) for n in range(len(lane))]
+            blocks.append((tb, steps))
+        scratch = 0
+        if r == root:
+            steps = []
+            for n, k in enumerate(lanes[1]):
+                if not in_place:
+                    steps.append(step(len(steps), "cpy", ("i", k), (out, k)))
+                steps.append(step(len(steps), "re", ("s", n), (out, k), dep=(1, n)))
+            blocks.append(('id="2" send="-1" recv="-1" chan="0"', steps))
+            scratch = len(lanes[1])
+        o_chunks = chunks if r == root and not in_place else 0
+        attrs = f'id="{r}" i_chunks="{chunks}" o_chunks="{o_chunks}" s_chunks="{scratch}"'
+        gpus.append((attrs, blocks))
+    header = (
+        f'name="chain_reduce{ranks}" proto="Simple" nchannels="2" nchunksperloop="{chunks}" '
+        f'ngpus="{ranks}" coll="reduce" inplace="{int(in_place)}"'
+    )
+    return algo_xml(header, gpus)
+
+
+def load(tmp_path, text: str, **options) -> topo.Algorithm:
     path = tmp_path / "algo.xml"
     path.write_text(text)
-    return topo.load_msccl(path)
+    return topo.load_msccl(path, **options)
 
 
 @pytest.mark.skipif(not PUBLISHED, reason=f"no published MSCCL files in {SHARED}")
@@ -187,8 +275,12 @@ def test_a_broken_file_is_refused_naming_the_element(tmp_path, edit, message):
 def test_files_that_are_not_algorithms_are_refused(tmp_path):
     with pytest.raises(topo.AlgorithmError, match="not XML"):
         load(tmp_path, "<algo")
-    with pytest.raises(topo.AlgorithmError, match="coll='broadcast'"):
-        load(tmp_path, ring_xml(3).replace('coll="allreduce"', 'coll="broadcast"'))
+    with pytest.raises(
+        topo.AlgorithmError,
+        match="<algo>: coll='gather': the importer takes allreduce, allgather, reduce_scatter, "
+        "reducescatter, alltoall, broadcast, reduce$",
+    ):
+        load(tmp_path, ring_xml(3).replace('coll="allreduce"', 'coll="gather"'))
     with pytest.raises(topo.AlgorithmError, match=r"gpu ids \[0, 1, 2\] are not 0..3"):
         load(tmp_path, ring_xml(3).replace('ngpus="3"', 'ngpus="4"'))
     huge = "1" * 40  # found by tests/fuzz: once an OverflowError, not a refusal
@@ -245,17 +337,29 @@ def test_scratch_local_steps_and_dependencies_import_and_pass(tmp_path, ranks):
 
 
 def case_run_files(ctx, paths, factor):
-    """Each file's algorithm on these ranks, each element standing for ``factor``."""
+    """Each file's algorithm on these ranks, each element standing for ``factor``, against
+    numpy: the sum of the inputs (a reduce's root; other outputs stay as they were, in place
+    anything), or the root's data everywhere (a broadcast: no input, the data starts in the
+    root's output; the others' outputs start as other data)."""
     wrong = []
     for path in paths:
         algo = topo.load_msccl(path)
         n, r = ctx.size, ctx.rank
         rng = np.random.default_rng(7)
-        inputs = [rng.integers(-50, 50, algo.count * factor).astype(np.float32) for _ in range(n)]
+        data = [rng.integers(-50, 50, algo.count * factor).astype(np.float32) for _ in range(n)]
         out = np.full(algo.count * factor, np.nan, dtype=np.float32)
-        topo.run(algo, ctx.comm, inputs[r], out)
-        if not np.array_equal(out, sum(inputs)):
-            wrong.append(f"rank {r}: {Path(path).name} x{factor}: {out} != {sum(inputs)}")
+        buf, expected = data[r], out.copy()
+        if algo.collective == "broadcast":
+            buf, out, expected = np.empty(0, np.float32), data[r].copy(), data[algo.root]
+        elif algo.collective == "allreduce" or r == algo.root:
+            expected = sum(data)
+        elif algo.in_place:
+            expected = None
+        if algo.in_place:
+            buf = out = data[r].copy()
+        topo.run(algo, ctx.comm, buf, out)
+        if expected is not None and not np.array_equal(out, expected, equal_nan=True):
+            wrong.append(f"rank {r}: {Path(path).name} x{factor}: {out} != {expected}")
     return wrong
 
 
@@ -270,6 +374,122 @@ def test_they_run_on_real_ranks(tmp_path, pools, transport):
     pair = tmp_path / "pair.xml"
     pair.write_text(pair_rrc_xml())
     assert pools.get(2, transport).run(case_run_files, [pair], 5) == [[], []]
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["apart", "in_place"])
+@pytest.mark.parametrize("ranks,root", [(3, 1), (5, 2)])
+def test_a_broadcast_and_a_reduce_import_with_their_root_and_pass(tmp_path, ranks, root, in_place):
+    algo = load(tmp_path, tree_broadcast_xml(ranks, root, in_place))
+    # weft's broadcast has one buffer, the output, where the root's data starts, in place or not
+    assert (algo.collective, algo.root, algo.count, algo.in_place) == ("broadcast", root, 3, False)
+    assert all(sizes["input"] == 0 for sizes in map(algo.buffer_counts, range(ranks)))
+    sends = algo.programs[root].channels[0].steps
+    assert [(s.name, s.local) for s in sends] == [("send", Span("output", k, 1)) for k in range(3)]
+    if not in_place:  # the root's copy of its input to its output is the identity now
+        assert [s.name for s in algo.programs[root].channels[-1].steps] == ["nop"]
+    report = topo.check(algo)
+    assert report.ok, report
+    assert load(tmp_path, tree_broadcast_xml(ranks, root, in_place), root=root).root == root
+
+    algo = load(tmp_path, chain_reduce_xml(ranks, root, in_place))
+    assert (algo.collective, algo.root, algo.count, algo.in_place) == ("reduce", root, 4, in_place)
+    local = algo.programs[root].channels[2].steps
+    assert [s.name for s in local] == (["reduce"] * 2 if in_place else ["copy", "reduce"] * 2)
+    assert [s.deps for s in local if s.name == "reduce"] == [[(1, 0)], [(1, 1)]]
+    report = topo.check(algo)
+    assert report.ok, report
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_broadcast_and_a_reduce_run_on_real_ranks(tmp_path, pools, transport):
+    for ranks, bcast_root, reduce_root in ((3, 1, 2), (5, 2, 3)):
+        paths = []
+        for in_place in (False, True):
+            for name, text in (
+                ("bcast", tree_broadcast_xml(ranks, bcast_root, in_place)),
+                ("reduce", chain_reduce_xml(ranks, reduce_root, in_place)),
+            ):
+                paths.append(tmp_path / f"{name}{ranks}_{in_place}.xml")
+                paths[-1].write_text(text)
+        for factor in (1, 4):
+            assert pools.get(ranks, transport).run(case_run_files, paths, factor) == [[]] * ranks
+
+
+def test_a_root_the_program_does_not_bear_out_is_refused(tmp_path):
+    def readers(text):  # rank 3 sends its second child chunk 0 from its input, not its output
+        return text.replace('type="s" srcbuf="o" srcoff="0"', 'type="s" srcbuf="i" srcoff="0"', 1)
+
+    with pytest.raises(
+        topo.AlgorithmError,
+        match=r"<algo>: ranks 2 \(<gpu id=2> <tb id=0> <step s=0>\) and 3 \(<gpu id=3> <tb id=1> "
+        r"<step s=0>\) read their input, so the root is ambiguous: a broadcast's root is the one "
+        "rank that reads its input",
+    ):
+        load(tmp_path, readers(tree_broadcast_xml(5, 2)))
+    with pytest.raises(topo.AlgorithmError, match="<algo>: no rank reads its input"):
+        load(tmp_path, tree_broadcast_xml(5, 2).replace('srcbuf="i"', 'srcbuf="o"'))
+    with pytest.raises(
+        topo.AlgorithmError,
+        match=r"<algo>: root=0 contradicts the program: rank 0 never reads its input, rank 2 "
+        r"\(<gpu id=2> <tb id=0> <step s=0>\) does",
+    ):
+        load(tmp_path, tree_broadcast_xml(5, 2), root=0)
+    with pytest.raises(topo.AlgorithmError, match="<algo>: root=5 is not a rank of 5"):
+        load(tmp_path, tree_broadcast_xml(5, 2), root=5)
+    with pytest.raises(
+        topo.AlgorithmError, match="<algo>: root=0 was given, but allreduce has no root"
+    ):
+        load(tmp_path, ring_xml(3), root=0)
+    # Out of place, MSCCL's root sending from its output sends what was there before the call.
+    uncopied = tree_broadcast_xml(5, 2).replace('type="cpy"', 'type="nop"')
+    uncopied = uncopied.replace('srcbuf="i" srcoff="0"', 'srcbuf="o" srcoff="0"', 1)
+    with pytest.raises(
+        topo.AlgorithmError,
+        match=r"<gpu id=2> <tb id=0> <step s=0>: the root reads its output where none of its "
+        "steps writes it",
+    ):
+        load(tmp_path, uncopied)
+    no_input = tree_broadcast_xml(5, 2).replace('id="2" i_chunks="3"', 'id="2" i_chunks="0"')
+    with pytest.raises(
+        topo.AlgorithmError, match=r"<gpu id=2>: i_chunks=0, but the broadcast's root needs 3"
+    ):
+        load(tmp_path, no_input)
+
+    nowhere = chain_reduce_xml(3, 1).replace('dstbuf="o"', 'dstbuf="s"')
+    with pytest.raises(
+        topo.AlgorithmError,
+        match="<algo>: no rank writes its output: a reduce's root is the rank whose output "
+        "receives the result",
+    ):
+        load(tmp_path, nowhere)
+    with pytest.raises(
+        topo.AlgorithmError,
+        match=r"<algo>: root=0 contradicts the program: rank 0 never writes its output, rank 1 "
+        r"\(<gpu id=1> <tb id=0> <step s=0>\) does",
+    ):
+        load(tmp_path, chain_reduce_xml(3, 1), root=0)
+    with pytest.raises(
+        topo.AlgorithmError, match=r"<gpu id=1>: o_chunks=0, but the reduce's root needs 4"
+    ):
+        load(tmp_path, chain_reduce_xml(3, 1).replace('o_chunks="4"', 'o_chunks="0"'))
+    with pytest.raises(
+        topo.AlgorithmError, match="<gpu id=2>: a reduce needs o_chunks equal to i_chunks"
+    ):
+        load(tmp_path, chain_reduce_xml(3, 1).replace('o_chunks="0"', 'o_chunks="2"', 1))
+
+    # In place, a rank on the way that also keeps the partial sum in its buffer is a reduce all
+    # the same (weft's reduce leaves the others' buffers to them), but which rank is the root?
+    keeps = chain_reduce_xml(5, 3, in_place=True).replace('type="rrs"', 'type="rrcs"')
+    with pytest.raises(
+        topo.AlgorithmError,
+        match=r"ranks 0 \(.*\), 1 \(.*\), 2 \(.*\) and 3 \(.*\) write their output, so the "
+        "in-place reduce's root is ambiguous: give root=",
+    ):
+        load(tmp_path, keeps)
+    algo = load(tmp_path, keeps, root=3)
+    assert algo.root == 3 and topo.check(algo).ok
+    report = topo.check(load(tmp_path, keeps, root=1))  # a rank the sums pass through
+    assert not report.ok and all(e.rank == 1 and "misses" in e.text for e in report.errors), report
 
 
 def test_seeded_bugs_in_them_are_named(tmp_path):

@@ -8,11 +8,15 @@ cnt depid deps hasdep>``. Thread blocks become channels (``chan`` their tag, so 
 reach the block of the same chan on the peer); chunks become elements, so the Algorithm is for
 calls of one element per chunk (a real call divides its buffer into that many chunks). Anything
 the importer cannot represent is an error naming the element, never a skipped step.
+
+A broadcast's or a reduce's file says nothing of its root: it is written for one, which the
+importer reads off what the ranks do with their buffers (``_root``), or is given and checked.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
+from dataclasses import replace
 from pathlib import Path
 
 from weft.topo.algorithm import (
@@ -32,6 +36,8 @@ COLLECTIVES = {
     "reduce_scatter": "reduce_scatter",
     "reducescatter": "reduce_scatter",
     "alltoall": "alltoall",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
 }
 # Step type -> (receives, reads src, writes dst, sends)
 STEP_TYPES = {
@@ -47,14 +53,16 @@ STEP_TYPES = {
 }
 
 
-def load_msccl(path, *, elem_size: int = 4) -> Algorithm:
-    """Reads an MSCCL algorithm file; raises AlgorithmError naming the element that is wrong."""
+def load_msccl(path, *, elem_size: int = 4, root: int | None = None) -> Algorithm:
+    """Reads an MSCCL algorithm file; raises AlgorithmError naming the element that is wrong.
+    ``root``: a broadcast's or reduce's root, checked against the program (by default inferred
+    from it)."""
     source = str(path)
     try:
-        root = ElementTree.fromstring(Path(path).read_text())
+        top = ElementTree.fromstring(Path(path).read_text())
     except ElementTree.ParseError as e:
         raise AlgorithmError(f"{source}: not XML: {e}") from None
-    return _convert(root, source, elem_size)
+    return _convert(top, source, elem_size, root)
 
 
 def load_file(path) -> Algorithm:
@@ -62,7 +70,7 @@ def load_file(path) -> Algorithm:
     return load_msccl(path) if Path(path).suffix == ".xml" else load(path)
 
 
-def _convert(root, source: str, elem_size: int) -> Algorithm:
+def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algorithm:
     def fail(where: str, what: str):
         raise AlgorithmError(f"{source}: {where}: {what}")
 
@@ -78,24 +86,26 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
             fail(where, f"{key}={parsed} is below {lowest}")
         return parsed
 
-    if root.tag != "algo":
-        fail("top level", f"<{root.tag}> where <algo> was expected")
-    ranks = number(root, "ngpus", "<algo>", 1)
-    coll = root.get("coll")
+    if top.tag != "algo":
+        fail("top level", f"<{top.tag}> where <algo> was expected")
+    ranks = number(top, "ngpus", "<algo>", 1)
+    coll = top.get("coll")
     if coll not in COLLECTIVES:
         fail("<algo>", f"coll={coll!r}: the importer takes {', '.join(COLLECTIVES)}")
     collective = COLLECTIVES[coll]
-    chunks_per_loop = number(root, "nchunksperloop", "<algo>", 1)
-    in_place = number(root, "inplace", "<algo>") == 1
-    if in_place and collective not in ("allreduce", "allgather", "reduce_scatter"):
+    if given_root is not None and collective not in ("broadcast", "reduce"):
+        fail("<algo>", f"root={given_root} was given, but {collective} has no root")
+    chunks_per_loop = number(top, "nchunksperloop", "<algo>", 1)
+    in_place = number(top, "inplace", "<algo>") == 1
+    if in_place and collective == "alltoall":
         fail("<algo>", f"an in-place {collective} has no layout the importer knows")
-    if root.get("outofplace") is not None and (number(root, "outofplace", "<algo>") == 1) == (
+    if top.get("outofplace") is not None and (number(top, "outofplace", "<algo>") == 1) == (
         in_place
     ):
         fail("<algo>", "inplace and outofplace must disagree")
 
-    gpus = root.findall("gpu")
-    unknown = {child.tag for child in root} - {"gpu"}
+    gpus = top.findall("gpu")
+    unknown = {child.tag for child in top} - {"gpu"}
     if unknown:
         fail("<algo>", f"unknown element(s) {', '.join(sorted(unknown))}")
     ids = sorted(number(g, "id", "<gpu>") for g in gpus)
@@ -105,10 +115,11 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
 
     count = None
     programs: list[RankProgram | None] = [None] * ranks
+    sizes: list[dict] = [{}] * ranks
     for gpu in gpus:
         rank = number(gpu, "id", "<gpu>")
         where = f"<gpu id={rank}>"
-        chunks = {b: number(gpu, f"{b}_chunks", where) for b in BUFFERS}
+        chunks = sizes[rank] = {b: number(gpu, f"{b}_chunks", where) for b in BUFFERS}
         rank_count = _call_count(collective, ranks, chunks, in_place, where, fail)
         if count is not None and rank_count != count:
             fail(where, f"implies {rank_count} chunks per call, other ranks {count}")
@@ -140,13 +151,29 @@ def _convert(root, source: str, elem_size: int) -> Algorithm:
         _check_dependencies(gpu, programs[rank], where, fail)
         if max(chunks["i"], chunks["o"]) > chunks_per_loop:
             fail(where, f"a buffer has more chunks than nchunksperloop={chunks_per_loop}")
+    root = 0
+    if collective in ("broadcast", "reduce"):
+        root = _root(collective, programs, in_place, given_root, fail)
+        # Out of place, the buffer only the root needs must hold the call's chunks there.
+        other = "i" if collective == "broadcast" else "o"
+        if not in_place and sizes[root][other] != count:
+            fail(
+                f"<gpu id={root}>",
+                f"{other}_chunks={sizes[root][other]}, but the {collective}'s root needs {count}",
+            )
+    if collective == "broadcast":
+        # weft's broadcast has no input: the root's data starts in its output, in place or not.
+        for r in range(ranks):
+            if in_place or r == root:
+                programs[r] = _input_as_output(programs[r])
     return Algorithm(
-        name=root.get("name") or Path(source).stem,
+        name=top.get("name") or Path(source).stem,
         collective=collective,
         ranks=ranks,
         count=count,
         programs=programs,
-        in_place=in_place,
+        root=root,
+        in_place=in_place and collective != "broadcast",
         elem_size=elem_size,
         slot_bytes=elem_size,  # a chunk per message
     )
@@ -195,6 +222,21 @@ def _call_count(collective, ranks, chunks, in_place, where, fail) -> int:
         if i % ranks:
             fail(where, f"i_chunks={i} is not a multiple of {ranks} ranks")
         return o or i // ranks
+    if collective == "broadcast":
+        # Every rank's output receives the data; the input is the root's alone (checked once
+        # the root is known). In place the two name one buffer, so either may be sized.
+        if in_place and len({i, o} - {0}) > 1:
+            fail(where, f"an in-place broadcast needs i_chunks ({i}) and o_chunks ({o}) equal or 0")
+        if not in_place and i not in (0, o):
+            fail(where, f"a broadcast needs i_chunks equal to o_chunks ({o}), or 0 off the root")
+        return max(i, o)
+    if collective == "reduce":
+        if o not in (0, i):
+            fail(
+                where,
+                f"a reduce needs o_chunks equal to i_chunks ({i}), or 0 off the root or in place",
+            )
+        return i
     if i % ranks or o != i and not (in_place and o == 0):
         fail(where, f"an alltoall of {ranks} ranks needs i_chunks (a multiple of {ranks}) = o")
     return i // ranks
@@ -207,10 +249,11 @@ def _apart(span: Span) -> Span:
 def _in_place_layout(collective: str, rank: int, count: int):
     """In place MSCCL names one buffer two ways; weft names its parts as the executor sees
     them: the output, with the input inside it (allgather: at block `rank`; reduce_scatter: the
-    output is block `rank` of the input)."""
+    output is block `rank` of the input). A broadcast's buffers are placed once its root is
+    known (``_input_as_output``)."""
 
     def place(span: Span) -> Span:
-        if collective == "allreduce" and span.buffer == "input":
+        if collective in ("allreduce", "reduce") and span.buffer == "input":
             return Span("output", span.offset, span.count)
         if collective == "allgather" and span.buffer == "input":
             return Span("output", rank * count + span.offset, span.count)
@@ -220,6 +263,111 @@ def _in_place_layout(collective: str, rank: int, count: int):
         return span
 
     return place
+
+
+def _root(collective: str, programs: list[RankProgram], in_place: bool, given, fail) -> int:
+    """The rank a broadcast or reduce is written for, read off the program (or ``given`` and
+    checked against it). weft's broadcast has no input and starts the root's data in its output,
+    so the root is the one rank that reads its input (in place: a chunk of its one buffer that
+    none of its steps writes). weft's reduce leaves every output but the root's as it was, so
+    the root is the one rank that writes its output; in place the others may use their one
+    buffer as they like, so of several that write it, ``given`` says which is the root."""
+    ranks = len(programs)
+    if given is not None and not 0 <= given < ranks:
+        fail("<algo>", f"root={given} is not a rank of {ranks}")
+    if collective == "broadcast":
+        does, do = "reads its input", "read their input"
+        why = "a broadcast's root is the one rank that reads its input, where its data is"
+        one = ("input", "output") if in_place else ("input",)
+        tests = [_reads_unwritten(p, one) for p in programs]
+    else:
+        does, do = "writes its output", "write their output"
+        why = "a reduce's root is the rank whose output receives the result"
+        tests = [_writes_output] * ranks
+    found = {r: where for r, p in enumerate(programs) if (where := _first(p, r, tests[r]))}
+    if not found:
+        fail("<algo>", f"no rank {does}: {why}")
+    named = [f"{r} ({where})" for r, where in found.items()]
+    named = f"ranks {', '.join(named[:-1])} and {named[-1]}" if named[1:] else f"rank {named[0]}"
+    if len(found) > 1 and (collective == "broadcast" or not in_place):
+        fail("<algo>", f"{named} {do}, so the root is ambiguous: {why}, and no other may")
+    if len(found) > 1 and given is None:
+        fail("<algo>", f"{named} {do}, so the in-place reduce's root is ambiguous: give root=")
+    if given is not None and given not in found:
+        verb = "do" if len(found) > 1 else "does"
+        fail(
+            "<algo>",
+            f"root={given} contradicts the program: rank {given} never {does}, {named} {verb} "
+            f"({why})",
+        )
+    root = next(iter(found)) if given is None else given
+    if collective == "broadcast" and not in_place:
+        # Out of place, MSCCL's root has its data in its input only: what it reads of its
+        # output must have been written there (weft's output would hold the data already).
+        where = _first(programs[root], root, _reads_unwritten(programs[root], ("output",)))
+        if where:
+            fail(where, "the root reads its output where none of its steps writes it")
+    return root
+
+
+def _first(program: RankProgram, rank: int, test) -> str | None:
+    """The element of the program's first step, in thread block order, that passes ``test``."""
+    for c, channel in enumerate(program.channels):
+        for i, step in enumerate(channel.steps):
+            if test(step):
+                return f"<gpu id={rank}> <tb id={c}> <step s={i}>"
+    return None
+
+
+def _writes_output(step: Step) -> bool:
+    return step.dst is not None and step.dst.buffer == "output" and step.count > 0
+
+
+def _reads_unwritten(program: RankProgram, buffers: tuple[str, ...]):
+    """A test: does a step read a chunk of ``buffers`` (names of one storage, by offset) that no
+    step of ``program`` writes, so one the rank held before the call?"""
+    written = sorted(
+        (
+            s.dst
+            for channel in program.channels
+            for s in channel.steps
+            if s.dst is not None and s.dst.buffer in buffers and s.count
+        ),
+        key=lambda span: span.offset,
+    )
+
+    def test(step: Step) -> bool:
+        read = step.local
+        if read is None or read.buffer not in buffers or not step.count:
+            return False
+        start, end = read.offset, read.offset + read.count
+        for span in written:  # intervals, not sets of chunks: a file may claim any size
+            if span.offset > start:
+                break
+            start = max(start, span.offset + span.count)
+        return start < end
+
+    return test
+
+
+def _input_as_output(program: RankProgram) -> RankProgram:
+    """The program with its input's chunks named as the output's at the same offsets (a
+    broadcast's root; in place, every rank); a copy of a chunk onto itself (the root's copy of
+    its input to its output) becomes the empty step it now is, keeping its place and deps."""
+
+    def moved(span: Span) -> Span:
+        return Span("output", span.offset, span.count) if span.buffer == "input" else span
+
+    channels = []
+    for channel in program.channels:
+        steps = []
+        for step in channel.steps:
+            step = replace(step, **{key: moved(span) for key, span in step.spans()})
+            if step.name == "copy" and step.local == step.dst:
+                step = Step(count=0, deps=step.deps)
+            steps.append(step)
+        channels.append(Channel(steps, channel.tag))
+    return RankProgram(channels, program.scratch)
 
 
 def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail, place) -> Channel:

@@ -56,6 +56,29 @@ CPP_TARGETS = {
                   + struct.pack("<BBQ", 3, 2, (256 << 10) - 39),
                   struct.pack("<QHB", 7, 4, 0) + (struct.pack("<BBQ", 3, 3, 0) + b"abcd") * 2],
     },
+    "fuzz_rdma_protocol": {
+        "sources": ["transport/rdma/rdma_connection.cc", "transport/rdma/registration_cache.cc",
+                    "bootstrap/socket.cc", "transport/op_signature.cc", "common/error.cc",
+                    "common/types.cc"],
+        # Ops: 1 post, 4 complete a write of ours, 5 clear-to-send, 6 payload, 7 send,
+        # 8 sends_complete, 9 yield, 10 release. Expect operation 7, 16 bytes, through
+        # recv_slot holding the messages, 2 slots of 16 bytes: the peer posts two eager
+        # messages, the receiver takes both (a yield of one more try) and releases the first,
+        # while we send one eagerly and the peer completes our writes (the credit and the
+        # message) until sends complete.
+        # Then 64 KiB + 100 bytes (a rendezvous), 1 slot of 64 bytes: the receiver clears the
+        # message before it comes, the peer posts its ready-to-send and clears our 70-byte
+        # rendezvous send into its buffer (offset 4096: its start, past the guard), completes
+        # our three writes, then writes 100 bytes of its payload.
+        "seeds": [struct.pack("<QHBB", 7, 16, 0b10000011, 3)
+                  + struct.pack("<BB", 1, 0) + bytes(range(16))
+                  + struct.pack("<BB", 1, 0) + bytes(range(16, 32)) + struct.pack("<BBB", 9, 1, 10)
+                  + struct.pack("<BBI", 7, 0, 16) + struct.pack("<BBBBB", 4, 0, 4, 0, 8),
+                  struct.pack("<QHBB", 7, 100, 0b101000, 3) + struct.pack("<BBBB", 9, 0, 1, 1)
+                  + struct.pack("<BBI", 7, 0, 70) + struct.pack("<BBBIB", 5, 0, 0, 4096, 8)
+                  + struct.pack("<BBBBBBBBB", 4, 0, 4, 0, 4, 0, 8, 9, 0)
+                  + struct.pack("<BB", 6, 0) + bytes(range(100))],
+    },
     "fuzz_cost_model": {
         "sources": ["tune/cost_model.cc", "common/error.cc", "algo/*.cc"],
         "seeds": [b"shm_alpha_s 1e-6\nshm_beta_s_per_b 1e-10\ntcp_alpha_s 2e-5\n"

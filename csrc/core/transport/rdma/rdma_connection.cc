@@ -172,10 +172,7 @@ class RdmaConnection : public Connection {
 
   bool recv_into(void* dst, size_t bytes) override {
     if (!receive(bytes, static_cast<char*>(dst), false)) return false;
-    const Header& header = *reinterpret_cast<const Header*>(inbox_slot(next_));
-    if (!header.rendezvous && bytes > 0) {
-      std::memcpy(dst, inbox_slot(next_) + sizeof(Header), bytes);
-    }
+    if (!rendezvous_ && bytes > 0) std::memcpy(dst, inbox_slot(next_) + sizeof(Header), bytes);
     free_slot(next_++);
     return true;
   }
@@ -484,9 +481,17 @@ class RdmaConnection : public Connection {
         fail(length_mismatch(bytes, header.length));
         return false;
       }
+      // Decided once: the peer may rewrite the header while we wait for a
+      // rendezvous payload, and an eager copy must come from within the slot.
+      rendezvous_ = header.rendezvous != 0;
+      if (!rendezvous_ && bytes > slot_bytes_) {
+        protocol_error("an eager message of " + std::to_string(bytes) +
+                       " bytes, longer than a slot");
+        return false;
+      }
       header_checked_ = true;
     }
-    if (header.rendezvous) {
+    if (rendezvous_) {
       if (!cleared_) {
         clear_to_send(bytes, dst, into_slot);
         pump();
@@ -585,6 +590,7 @@ class RdmaConnection : public Connection {
   std::deque<uint64_t> held_;
   std::vector<bool> freed_;
   bool header_checked_ = false;
+  bool rendezvous_ = false;    // next_'s header, as checked, asked for a clear-to-send
   bool recv_waiting_ = false;  // a receive of next_ was asked for and has not completed
   bool cleared_ = false, payload_arrived_ = false;  // next_'s rendezvous
   const char* cleared_dst_ = nullptr;

@@ -62,13 +62,14 @@ def scenario_loop(rank, size, store, timeout_s):
 
 def run_worlds(worlds: dict[str, tuple]) -> dict[str, list[dict]]:
     """Runs every world at once (name: scenario, size, environment of every rank, environments
-    by rank), one host identity per rank unless given; the outcomes of each world's ranks."""
+    by rank, then any arguments of the scenario after its timeout), one host identity per rank
+    unless given; the outcomes of each world's ranks."""
     got = {}
     with contextlib.ExitStack() as stack:
         started = {}
-        for name, (scenario, size, env, by_rank) in worlds.items():
+        for name, (scenario, size, env, by_rank, *args) in worlds.items():
             per_rank = lambda r, n=name, b=by_rank: {"WEFT_HOST_ID": f"{n}-{r}", **b.get(r, {})}  # noqa: E731
-            ranks = Ranks(scenario, size, SHORT_TIMEOUT_S, env=env, env_per_rank=per_rank)
+            ranks = Ranks(scenario, size, SHORT_TIMEOUT_S, *args, env=env, env_per_rank=per_rank)
             started[name] = stack.enter_context(ranks)
         for name, ranks in started.items():
             size = worlds[name][1]

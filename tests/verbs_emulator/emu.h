@@ -34,6 +34,7 @@ struct Config {
   ibv_event_type fatal_event = IBV_EVENT_DEVICE_FATAL;
   long fatal_ms = -1;
   long timeout_cap_ms = 200;  // longest modeled transport timeout
+  bool odp = false;           // the device has On-Demand Paging (IBV_ACCESS_ON_DEMAND)
   std::string stats_dir;      // where each process writes its counters
   std::string socket_dir;     // where contexts listen
 };
@@ -46,6 +47,9 @@ struct Stats {
       retransmissions{0}, error_completions{0};
   // Bit v set: some QP entered RTS with that ack timeout / retry count.
   std::atomic<uint64_t> rts_timeouts{0}, rts_retry_cnts{0};
+  // Successful ibv_reg_mr calls (those with IBV_ACCESS_ON_DEMAND too), ibv_dereg_mr calls, MRs
+  // registered now and the most at once.
+  std::atomic<uint64_t> reg_mrs{0}, reg_mrs_on_demand{0}, dereg_mrs{0}, mrs_live{0}, mrs_peak{0};
 };
 Stats& stats();
 void write_stats();
@@ -79,7 +83,8 @@ struct Mr {
   ibv_mr base;
   Pd* pd;
   int access;
-  int busy = 0;  // frames reading or writing its memory right now
+  bool on_demand;  // IBV_ACCESS_ON_DEMAND: its pages are looked up at each access
+  int busy = 0;    // frames reading or writing its memory right now
 };
 
 // A work queue's slots: a WR holds its slot until a completion at or after it is polled, as a
@@ -225,6 +230,8 @@ inline Context* ctx_of(ibv_context* c) { return reinterpret_cast<Context*>(c); }
 inline Qp* qp_of(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 inline Cq* cq_of(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 
+// Every page of [addr, addr + len) is mapped.
+bool mapped(const void* addr, size_t len);
 void wake(Context* ctx);
 void push_async(Context* ctx, const ibv_async_event& ev);
 void progress_main(Context* ctx);

@@ -75,6 +75,7 @@ Config load() {
   }
   if (const char* t = std::getenv("WEFT_VERBS_EMU_TIMEOUT_MS")) c.timeout_cap_ms = std::atol(t);
   if (const char* s = std::getenv("WEFT_VERBS_EMU_STATS")) c.stats_dir = s;
+  if (const char* odp = std::getenv("WEFT_VERBS_EMU_ODP")) c.odp = std::strcmp(odp, "1") == 0;
   const char* dir = std::getenv("WEFT_VERBS_EMU_DIR");
   c.socket_dir = dir && *dir ? dir : "/tmp/weft-verbs-emu";
   return c;
@@ -117,12 +118,14 @@ void write_stats() {
                "\"receives_consumed\": %lu, \"rnr_naks_sent\": %lu, \"rnr_naks_received\": %lu, "
                "\"payload_bytes\": %lu, \"wire_messages\": %lu, \"wire_bytes\": %lu, "
                "\"acks_sent\": %lu, \"retransmissions\": %lu, \"error_completions\": %lu, "
-               "\"rts_timeouts_mask\": %lu, \"rts_retry_cnts_mask\": %lu}\n",
+               "\"rts_timeouts_mask\": %lu, \"rts_retry_cnts_mask\": %lu, \"reg_mrs\": %lu, "
+               "\"reg_mrs_on_demand\": %lu, \"dereg_mrs\": %lu, \"mrs_peak\": %lu}\n",
                static_cast<int>(getpid()), s.writes.load(), s.writes_with_imm.load(),
                s.receives_consumed.load(), s.rnr_naks_sent.load(), s.rnr_naks_received.load(),
                s.payload_bytes.load(), s.wire_messages.load(), s.wire_bytes.load(),
                s.acks_sent.load(), s.retransmissions.load(), s.error_completions.load(),
-               s.rts_timeouts.load(), s.rts_retry_cnts.load());
+               s.rts_timeouts.load(), s.rts_retry_cnts.load(), s.reg_mrs.load(),
+               s.reg_mrs_on_demand.load(), s.dereg_mrs.load(), s.mrs_peak.load());
   std::fclose(f);
   std::rename(tmp.c_str(), path.c_str());
 }

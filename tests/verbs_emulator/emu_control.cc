@@ -115,16 +115,6 @@ bool access_ok(int access) {
   return (access & ~known) == 0;
 }
 
-// Every page of [addr, addr + len) is mapped (what pinning would check).
-bool mapped(const void* addr, size_t len) {
-  if (len == 0) return true;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + len;
-  std::vector<unsigned char> vec((end - start + page - 1) / page);
-  return ::mincore(reinterpret_cast<void*>(start), end - start, vec.data()) == 0;
-}
-
 struct Transition {
   int required, optional;
 };
@@ -210,6 +200,15 @@ int check_values(Qp* qp, const ibv_qp_attr* a, int mask) {
 }
 
 }  // namespace
+
+bool emu::mapped(const void* addr, size_t len) {
+  if (len == 0) return true;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + len;
+  std::vector<unsigned char> vec((end - start + page - 1) / page);
+  return ::mincore(reinterpret_cast<void*>(start), end - start, vec.data()) == 0;
+}
 
 EMU_API struct ibv_device**(ibv_get_device_list)(int* num_devices) {
   const int n = config().no_device ? 0 : 1;
@@ -387,6 +386,12 @@ EMU_API struct ibv_mr*(ibv_reg_mr)(struct ibv_pd * base, void* addr, size_t leng
   Context* ctx = ctx_of(base->context);
   const int optional = ~(IBV_ACCESS_OPTIONAL_FIRST - 1);  // ignored, as libibverbs does
   access &= ~optional;
+  // On-Demand Paging: a device without it refuses the flag, as the kernel does for one (EINVAL;
+  // newer kernels say EOPNOTSUPP); with it, the registration pins nothing, so it needs no
+  // pages mapped now.
+  const bool on_demand = (access & IBV_ACCESS_ON_DEMAND) != 0;
+  if (on_demand && !config().odp) return fail<ibv_mr>(EINVAL);
+  access &= ~IBV_ACCESS_ON_DEMAND;
   if (!access_ok(access)) {
     complain("ibv_reg_mr: access 0x%x has flags the emulator does not know", access);
     return fail<ibv_mr>(EINVAL);
@@ -396,10 +401,17 @@ EMU_API struct ibv_mr*(ibv_reg_mr)(struct ibv_pd * base, void* addr, size_t leng
     complain("ibv_reg_mr: remote write needs IBV_ACCESS_LOCAL_WRITE too");
     return fail<ibv_mr>(EINVAL);
   }
-  if (!mapped(addr, length)) return fail<ibv_mr>(EFAULT);
+  if (!on_demand && !mapped(addr, length)) return fail<ibv_mr>(EFAULT);
   auto* mr = new Mr;
   mr->pd = reinterpret_cast<Pd*>(base);
   mr->access = access;
+  mr->on_demand = on_demand;
+  Stats& s = stats();
+  s.reg_mrs++;
+  if (on_demand) s.reg_mrs_on_demand++;
+  const uint64_t live = ++s.mrs_live;
+  for (uint64_t peak = s.mrs_peak; live > peak && !s.mrs_peak.compare_exchange_weak(peak, live);) {
+  }
   std::lock_guard<std::mutex> lk(ctx->mu);
   const uint32_t id = ctx->next_key++;
   mr->base.context = base->context;
@@ -426,6 +438,8 @@ EMU_API int ibv_dereg_mr(struct ibv_mr* base) {
   ctx->mr_idle.wait(lk, [&] { return mr->busy == 0; });
   --mr->pd->refs;
   delete mr;
+  stats().dereg_mrs++;
+  stats().mrs_live--;
   return 0;
 }
 

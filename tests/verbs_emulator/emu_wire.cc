@@ -220,6 +220,8 @@ void pump_tx(Context* ctx, Qp* qp) {
     for (const ibv_sge& s : wr.sges) {
       auto it = ctx->by_lkey.find(s.lkey);
       if (it == ctx->by_lkey.end()) break;  // deregistered since the post
+      // An On-Demand Paging MR's pages are looked up now: unmapped, the read fails.
+      if (it->second->on_demand && !mapped(reinterpret_cast<void*>(s.addr), s.length)) break;
       mrs.push_back(it->second);
     }
     if (wr.inline_data.empty() && mrs.size() != wr.sges.size()) {
@@ -337,7 +339,8 @@ bool accept_request(Context* ctx, Conn* c) {
     const uint64_t start = mr ? reinterpret_cast<uintptr_t>(mr->base.addr) : 0;
     const bool ok = mr && mr->pd == qp->pd && (mr->access & IBV_ACCESS_REMOTE_WRITE) &&
                     (qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) && f.raddr >= start &&
-                    f.len <= mr->base.length && f.raddr - start <= mr->base.length - f.len;
+                    f.len <= mr->base.length && f.raddr - start <= mr->base.length - f.len &&
+                    (!mr->on_demand || mapped(reinterpret_cast<void*>(f.raddr), f.len));
     if (!ok) {
       respond(c, kNakAccess, f.psn);
       qp_to_error(qp);

@@ -130,6 +130,8 @@ Config parse() {
   c.ib_qps_per_peer = env_int_in("WEFT_IB_QPS_PER_PEER", c.ib_qps_per_peer, 1, 16);
   c.ib_timeout = env_int_in("WEFT_IB_TIMEOUT", c.ib_timeout, 1, 31);
   c.ib_retry_cnt = env_int_in("WEFT_IB_RETRY_CNT", c.ib_retry_cnt, 0, 7);
+  c.ib_odp = env_choice("WEFT_IB_ODP", c.ib_odp,
+                        {{"auto", IbOdp::Auto}, {"0", IbOdp::Off}, {"1", IbOdp::Required}});
   if (const char* cma = env("WEFT_SHM_CMA")) c.shm_cma = std::string(cma) == "1";
   c.cma_min_bytes = env_long("WEFT_SHM_CMA_MIN_BYTES", c.cma_min_bytes);
   c.streaming_bytes = env_long("WEFT_STREAMING_BYTES", c.streaming_bytes);

@@ -14,6 +14,8 @@ enum class LogLevel { Off, Info, Trace };
 // rank has its own GPU, else cuda_ipc when every rank is on one host, else
 // staging).
 enum class CudaPath { Auto, Staging, Ipc, Nccl };
+// ibverbs On-Demand Paging: where the device takes it, never, or required.
+enum class IbOdp { Auto, Off, Required };
 // What the nccl transport runs: NCCL's own collectives, or weft's Plans
 // with ncclSend/ncclRecv as the data path.
 enum class NcclMode { Native, Plans };
@@ -41,6 +43,7 @@ struct Config {
   int ib_qps_per_peer = 1;             // WEFT_IB_QPS_PER_PEER
   int ib_timeout = 20;                 // WEFT_IB_TIMEOUT: ack timeout, 4.096 us x 2^value
   int ib_retry_cnt = 7;                // WEFT_IB_RETRY_CNT
+  IbOdp ib_odp = IbOdp::Auto;          // WEFT_IB_ODP=auto|0|1
   bool shm_cma = false;                // WEFT_SHM_CMA=1: process_vm_readv transfers
   size_t cma_min_bytes = 1024 * 1024;  // WEFT_SHM_CMA_MIN_BYTES
   size_t streaming_bytes = 8 << 20;    // WEFT_STREAMING_BYTES: outputs this large bypass the cache

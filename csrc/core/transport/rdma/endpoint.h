@@ -51,6 +51,11 @@ class RdmaEndpoint {
   virtual std::unique_ptr<MemoryRegion> register_memory(void* base, size_t bytes) = 0;
   // Whether local sources of writes must lie in registered memory.
   virtual bool needs_local_registration() const = 0;
+  // Whether a registration stays right for its virtual range however the
+  // memory under it is unmapped and mapped again (ibverbs On-Demand Paging:
+  // the NIC follows the process's page tables instead of pinning pages), so
+  // that it may be kept past its last use (registration_cache.h).
+  virtual bool registrations_follow_mappings() const { return false; }
   // Writes `bytes` from `src` (inside `local`, or null where no local
   // registration is needed) to the peer's (remote_address, remote_key), and
   // raises a completion carrying `imm` there once all of it landed. Returns

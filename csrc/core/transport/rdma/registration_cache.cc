@@ -26,20 +26,46 @@ const MemoryRegion& RegistrationCache::acquire(const void* p, size_t bytes) {
     }
   }
   entries_.push_back(
-      Entry{endpoint_.register_memory(reinterpret_cast<void*>(begin), end - begin), 1});
+      Entry{endpoint_.register_memory(reinterpret_cast<void*>(begin), end - begin), 1, 0});
   return *entries_.back().region;
 }
 
 void RegistrationCache::release(const MemoryRegion& region) {
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].region.get() != &region) continue;
-    if (--entries_[i].refs == 0) {
-      entries_[i] = std::move(entries_.back());
-      entries_.pop_back();
+    if (--entries_[i].refs > 0) return;
+    // One larger than the bound alone would push every other one out.
+    if (keep_idle_ && entries_[i].region->bytes() <= kMaxIdleBytes) {
+      entries_[i].last_release = ++releases_;
+      evict_idle();
+    } else {
+      erase(i);
     }
     return;
   }
   throw InvalidArgument("rdma registration cache: release of a region it does not hold");
+}
+
+void RegistrationCache::evict_idle() {
+  for (;;) {
+    size_t idle = 0, idle_bytes = 0, oldest = entries_.size();
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].refs > 0) continue;
+      ++idle;
+      idle_bytes += entries_[i].region->bytes();
+      if (oldest == entries_.size() || entries_[i].last_release < entries_[oldest].last_release) {
+        oldest = i;
+      }
+    }
+    if (idle <= kMaxIdle && idle_bytes <= kMaxIdleBytes) return;
+    erase(oldest);
+  }
+}
+
+// Deregisters entry i.
+void RegistrationCache::erase(size_t i) {
+  entries_[i] = std::move(entries_.back());
+  entries_.pop_back();
 }
 
 }  // namespace weft

@@ -3,8 +3,19 @@
 // WEFT_IB_GID_INDEX is unset: index 0 on InfiniBand; on Ethernet (RoCE) the
 // first IPv4-mapped GID whose sysfs type is RoCE v2 (routable, what NCCL
 // picks by default), else the first IPv4-mapped one, else 0.
+//
+// On-Demand Paging (WEFT_IB_ODP=auto, the default): used where the
+// protection domain takes a one-page registration with IBV_ACCESS_ON_DEMAND
+// (a device without ODP refuses it, EINVAL or EOPNOTSUPP). Its registrations
+// pin nothing and stay right whatever becomes of the memory under them, so
+// the registration cache keeps them between messages.
 #include "core/transport/rdma/ibverbs/ib_device.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -53,6 +64,22 @@ std::string gid_text(const ibv_gid& gid) {
     s += digits[gid.raw[i] & 15];
   }
   return s;
+}
+
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+
+// Empty when `pd` takes an On-Demand Paging registration, else why not.
+std::string odp_refused(ibv_pd* pd) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* probe = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (probe == MAP_FAILED) return std::string("mmap of a page failed: ") + std::strerror(errno);
+  const Libibverbs& lib = libibverbs();
+  ibv_mr* mr = lib.reg_mr(pd, probe, page, kAccess | IBV_ACCESS_ON_DEMAND);
+  const int err = errno;
+  if (mr) lib.dereg_mr(mr);
+  ::munmap(probe, page);
+  return mr ? std::string()
+            : std::string("ibv_reg_mr with IBV_ACCESS_ON_DEMAND failed: ") + std::strerror(err);
 }
 
 }  // namespace
@@ -149,13 +176,30 @@ IbDevice::IbDevice(int rank) {
   }
   pd_ = lib.alloc_pd(context_);
   if (!pd_) fail("ibv_alloc_pd failed");
+  const std::string refused = cfg.ib_odp == IbOdp::Off ? "" : odp_refused(pd_);
+  if (cfg.ib_odp == IbOdp::Required && !refused.empty()) {
+    fail("WEFT_IB_ODP=1, but the device has no On-Demand Paging (" + refused +
+         "); unset WEFT_IB_ODP or set it to auto or 0");
+  }
+  odp_ = cfg.ib_odp != IbOdp::Off && refused.empty();
   WEFT_LOG(Info, rank,
            "ibverbs: device " << name_ << " (" << lib.path << "), link layer "
                               << (ethernet() ? "Ethernet (RoCE)" : "InfiniBand") << ", lid "
                               << port_attr_.lid << ", GID index " << gid_index_ << " (" << chosen_by
                               << ") " << gid_text(gid_));
+  WEFT_LOG(Info, rank,
+           "ibverbs: On-Demand Paging "
+               << (odp_ ? "on" : "off") << " (WEFT_IB_ODP="
+               << (cfg.ib_odp == IbOdp::Auto  ? "auto"
+                   : cfg.ib_odp == IbOdp::Off ? "0"
+                                              : "1")
+               << (refused.empty() ? "" : ": " + refused) << "): "
+               << (odp_ ? "registrations of callers' buffers are kept between messages"
+                        : "callers' buffers are registered for each message"));
   events_ = std::make_unique<IbAsyncEvents>(context_, name_, faults_);
 }
+
+int IbDevice::mr_access() const { return kAccess | (odp_ ? IBV_ACCESS_ON_DEMAND : 0); }
 
 IbDevice::~IbDevice() {
   events_.reset();

@@ -1,7 +1,8 @@
 // The device the ibverbs transport uses, one per process and shared by all
 // its connections: the first active port that WEFT_IB_HCA allows, its GID
-// (WEFT_IB_GID_INDEX, or ib_device.cc's choice), a protection domain, and
-// the async-event thread whose faults every endpoint checks.
+// (WEFT_IB_GID_INDEX, or ib_device.cc's choice), a protection domain,
+// whether registrations use On-Demand Paging (WEFT_IB_ODP), and the
+// async-event thread whose faults every endpoint checks.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -34,6 +35,12 @@ class IbDevice {
   bool ethernet() const { return port_attr_.link_layer == IBV_LINK_LAYER_ETHERNET; }
   // "mlx5_0:1" and the like.
   const std::string& name() const { return name_; }
+  // Whether registrations use On-Demand Paging: the NIC follows the
+  // process's page tables instead of pinning pages.
+  bool odp() const { return odp_; }
+  // The access flags of every registration: local and remote write, and
+  // IBV_ACCESS_ON_DEMAND with odp().
+  int mr_access() const;
   IbFaults& faults() { return faults_; }
 
  private:
@@ -47,6 +54,7 @@ class IbDevice {
   int gid_index_ = 0;
   ibv_gid gid_{};
   std::string name_;
+  bool odp_ = false;
   IbFaults faults_;
   std::unique_ptr<IbAsyncEvents> events_;  // last member: stops first
 };

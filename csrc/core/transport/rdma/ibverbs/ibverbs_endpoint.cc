@@ -7,6 +7,9 @@
 // returns false); the protocol takes writes landing in any order across
 // QPs (rdma_connection.cc). Each QP keeps zero-byte receives posted for the
 // peer's immediates (twice its send depth), reposted as they complete.
+// Registrations take the device's access flags: with On-Demand Paging
+// (ib_device.cc) they follow the mappings, and the registration cache keeps
+// them between messages.
 #include "core/transport/rdma/ibverbs/ibverbs_endpoint.h"
 
 #include <arpa/inet.h>
@@ -36,6 +39,10 @@ constexpr uint64_t kReceiveId = ~uint64_t{0};  // never a write's id
 constexpr uint64_t kGoodbyeId = kReceiveId - 1;
 // How long close() waits for its goodbye to land.
 constexpr std::chrono::milliseconds kGoodbyeWait{100};
+// How long completions are still taken after the peer's goodbye: what it
+// wrote before it may share its poll, and the acknowledgements of our last
+// writes may come after it (from another QP).
+constexpr std::chrono::milliseconds kGoodbyeGrace{50};
 // How long a flushed completion waits for the async event that explains it.
 constexpr std::chrono::milliseconds kFlushExplanationWait{100};
 constexpr int kPollBatch = 16;
@@ -148,17 +155,18 @@ class IbEndpoint : public RdmaEndpoint {
   }
 
   std::unique_ptr<MemoryRegion> register_memory(void* base, size_t bytes) override {
-    ibv_mr* mr = libibverbs().reg_mr(device_->pd(), base, bytes,
-                                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    ibv_mr* mr = libibverbs().reg_mr(device_->pd(), base, bytes, device_->mr_access());
     if (!mr) {
-      throw Error("ibverbs " + device_->name() + ": ibv_reg_mr of " + std::to_string(bytes) +
-                  " bytes failed: " + std::strerror(errno) +
-                  " (the locked-memory limit, `ulimit -l`, may be too low)");
+      throw Error(
+          "ibverbs " + device_->name() + ": ibv_reg_mr of " + std::to_string(bytes) +
+          " bytes failed: " + std::strerror(errno) +
+          (device_->odp() ? "" : " (the locked-memory limit, `ulimit -l`, may be too low)"));
     }
     return std::make_unique<IbRegion>(device_, base, bytes, mr);
   }
 
   bool needs_local_registration() const override { return true; }
+  bool registrations_follow_mappings() const override { return device_->odp(); }
 
   bool write_with_imm(const void* src, size_t bytes, const MemoryRegion* local,
                       uint64_t remote_address, uint64_t remote_key, uint32_t imm,
@@ -204,7 +212,8 @@ class IbEndpoint : public RdmaEndpoint {
         const uint32_t imm = ntohl(c.imm_data);
         if (imm == rdma_wire::kClosingImmediate) {
           peer_closed_ = true;
-          throw PeerError(name() + ": the peer closed the connection");
+          goodbye_at_ = std::chrono::steady_clock::now();
+          continue;
         }
         out[got++] = Completion{Completion::Kind::Remote, 0, imm};
         post_receive(qps_[qp]);
@@ -212,6 +221,10 @@ class IbEndpoint : public RdmaEndpoint {
         --outstanding_[qp];
         out[got++] = Completion{Completion::Kind::Local, c.wr_id, 0};
       }
+    }
+    if (got == 0 && peer_closed_ &&
+        std::chrono::steady_clock::now() - goodbye_at_ >= kGoodbyeGrace) {
+      throw PeerError(name() + ": the peer closed the connection");
     }
     return got;
   }
@@ -392,6 +405,7 @@ class IbEndpoint : public RdmaEndpoint {
   int send_depth_ = 0, receive_depth_ = 0;
   uint64_t faults_seen_ = 0;
   bool closed_ = false, peer_closed_ = false;
+  std::chrono::steady_clock::time_point goodbye_at_{};  // when poll() found the goodbye
 };
 
 }  // namespace

@@ -23,6 +23,7 @@ from weft_ref import (
     assert_no_mismatch,
     describe_buffer,
     input_kind,
+    is_invalid_argument,
     make_buffer,
     reduce_ref,
     reduced,
@@ -461,6 +462,72 @@ def test_recv_any_source(pools, size, transport):
     pool = pools.get(size, transport)
     for count in (1, 100_000):
         assert_no_mismatch(pool.run(case_recv_any_source, count, rounds=3))
+
+
+def case_messages_before_their_receives(ctx, count):
+    """Rank 1 receives from every other rank messages that arrived before their receives were
+    posted: they come while it waits for each sender's last message (tag 99), so they are set
+    aside as their bytes arrive. Received afterwards, each is what was sent, byte for byte,
+    tag by tag in the order sent, from a named rank or any. A message whose receive was posted
+    first with the wrong size fails that receive, which says so, and is read and dropped
+    without disturbing the messages behind it; one set aside fails a later receive of the
+    wrong size the same way."""
+    check = Checker(ctx.rank, ctx.note)
+    comm, rank = ctx.comm, ctx.rank
+    senders = [r for r in range(ctx.size) if r != 1]
+
+    def payload(sender, tag, n):
+        return np.arange(n, dtype=np.int64) + sender * 10**9 + tag * 10**7
+
+    def refused(what, call, sent_bytes, buffer_bytes):
+        try:
+            call()
+            check.fail(f"{what}: the receive succeeded")
+        except Exception as exc:  # noqa: BLE001 - checked below
+            text = str(exc)
+            sizes = (f"{sent_bytes} bytes but the receive buffer", str(buffer_bytes))
+            if not is_invalid_argument(exc) or not all(size in text for size in sizes):
+                check.fail(f"{what}: raised {type(exc).__name__}: {text}")
+
+    # (tag, elements) in the order each sender sends them.
+    sent = [(5, count), (1, count), (2, 3), (1, 1000), (3, 0), (4, 1000), (99, 1)]
+    with check.case(f"messages before their receives, count={count}"):
+        if rank != 1:
+            handles = [comm.send(payload(rank, t, n), 1, tag=t, async_=True) for t, n in sent]
+            for handle in handles:
+                handle.wait(timeout=30)
+            return check.lines
+        drained = {s: comm.recv(np.zeros(5, np.int64), peer=s, tag=5, async_=True) for s in senders}
+        for s in senders:
+            comm.recv(np.zeros(1, np.int64), peer=s, tag=99)
+        for s, handle in drained.items():
+            refused(f"tag 5 from rank {s}", lambda h=handle: h.wait(timeout=30), count * 8, 40)
+        for s in senders:
+            for tag, n in [(1, count), (1, 1000), (3, 0)]:
+                inbox = np.full(n, -1, np.int64)
+                source = comm.recv(inbox, peer=s, tag=tag)
+                if source != s:
+                    check.fail(f"tag {tag} from rank {s}: recv returned source {source!r}")
+                check.check(inbox, payload(s, tag, n), "np.int64", what=f"tag {tag} from {s}")
+        seen = []
+        for _ in senders:
+            inbox = np.full(3, -1, np.int64)
+            source = comm.recv(inbox, tag=2)
+            seen.append(source)
+            if source in senders:
+                check.check(inbox, payload(source, 2, 3), "np.int64", what=f"tag 2 from {source}")
+        if sorted(seen) != senders:
+            check.fail(f"any-source receives returned {seen}, expected each of {senders} once")
+        wrong = np.zeros(999, np.int64)
+        for s in senders:
+            refused(f"tag 4 from rank {s}", lambda s=s: comm.recv(wrong, peer=s, tag=4), 8000, 7992)
+    return check.lines
+
+
+@world_params([(2, "shm"), (3, "tcp")])
+def test_messages_before_their_receives(pools, size, transport):
+    per_rank = pools.get(size, transport).run(case_messages_before_their_receives, 2**20 + 3)
+    assert_no_mismatch(per_rank)
 
 
 # ---- barrier --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A short run of every fuzz target (tests/fuzz/run.py: libFuzzer on the bootstrap's wire
 parsers, the tcp and shared-memory transports' receiving sides, the RDMA protocol against a peer
-played by the input, and the cost-model file, atheris
+played by the input, point-to-point's receiving side against peers' streams the input writes, and
+the cost-model file, atheris
 on weft.topo's JSON and MSCCL readers, Topology.load and the flight recorder's files). A target
 whose tool is missing skips with the reason; one that finds a crash fails, naming the input it
 left. The longer run's result is in bench/results/fuzz/ (docs/security.md)."""

@@ -79,6 +79,32 @@ CPP_TARGETS = {
                   + struct.pack("<BBBBBBBBB", 4, 0, 4, 0, 4, 0, 8, 9, 0)
                   + struct.pack("<BB", 6, 0) + bytes(range(100))],
     },
+    "fuzz_p2p": {
+        "sources": ["exec/p2p.cc", "exec/backoff.cc", "exec/cpu_placement.cc", "exec/work.cc",
+                    "common/config.cc", "common/log.cc", "common/error.cc"],
+        # Ops: 0 bytes, 1 message, 2 header alone, 3 receive (source 0: rank 0, 1: rank 2,
+        # 2: any), 4 send, 7 settle. Slots of 64 bytes: a receive from rank 2 posted before
+        # its message; rank 0 sends 100 bytes with tag 2, then 6, before their receives (set
+        # aside): one from any rank takes the first, a 4-byte one is refused the second; a
+        # 70-byte send to rank 0. While a receive from rank 0 with tag 3 waits, rank 2 sends
+        # 4 bytes of a 10-byte message with tag 0; its receive is posted before the other 6.
+        # Then 16-byte slots: rank 0 and rank 2 each send a header claiming 2^62 bytes and 300
+        # of them; rank 0's has a receive of 8 bytes (refused, its payload drained), rank 2's
+        # none (set aside as it arrives).
+        "seeds": [struct.pack("<B", 1) + struct.pack("<BBBH", 3, 1, 1, 5)
+                  + struct.pack("<BBBH", 1, 1, 1, 5) + b"hello"
+                  + struct.pack("<BBBH", 1, 0, 2, 100) + bytes(range(100))
+                  + struct.pack("<BBBH", 1, 0, 2, 6) + b"abcdef" + struct.pack("<B", 7)
+                  + struct.pack("<BBBH", 3, 2, 2, 100) + struct.pack("<BBBH", 3, 0, 2, 4)
+                  + struct.pack("<BBBH", 4, 0, 3, 70) + struct.pack("<BBBH", 3, 0, 3, 1)
+                  + struct.pack("<BBBQ", 2, 1, 0, 10) + struct.pack("<BBH", 0, 1, 4) + b"0123"
+                  + struct.pack("<B", 7) + struct.pack("<BBBH", 3, 1, 0, 10)
+                  + struct.pack("<BBH", 0, 1, 6) + b"456789",
+                  struct.pack("<B", 0) + struct.pack("<BBBH", 3, 0, 3, 8)
+                  + struct.pack("<BBBQ", 2, 0, 3, 1 << 62) + struct.pack("<BBBQ", 2, 1, 1, 1 << 62)
+                  + struct.pack("<BBH", 0, 0, 300) + b"\x55" * 300
+                  + struct.pack("<BBH", 0, 1, 300) + b"\xaa" * 300 + struct.pack("<B", 7)],
+    },
     "fuzz_cost_model": {
         "sources": ["tune/cost_model.cc", "common/error.cc", "algo/*.cc"],
         "seeds": [b"shm_alpha_s 1e-6\nshm_beta_s_per_b 1e-10\ntcp_alpha_s 2e-5\n"

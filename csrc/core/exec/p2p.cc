@@ -285,7 +285,8 @@ bool P2pEngine::match_stashed(const std::shared_ptr<RecvRequest>& request) {
                  std::to_string(request->tag) + " has " + std::to_string(it->payload.size()) +
                  " bytes but the receive buffer " + std::to_string(request->bytes))));
     } else {
-      std::memcpy(request->data, it->payload.data(), request->bytes);
+      // An empty message's buffers may be null, which memcpy may not get.
+      if (request->bytes > 0) std::memcpy(request->data, it->payload.data(), request->bytes);
       request->work->set_source(static_cast<int>(p));
       finish(request->work);
     }
@@ -335,12 +336,11 @@ void P2pEngine::start_arrival(int peer, const Header& header) {
   });
   if (it != recvs_.end() && (*it)->bytes == header.bytes) {
     a.request = *it;
-    a.dest = (*it)->data;
     recvs_.erase(it);
     return;
   }
   if (it != recvs_.end()) {
-    // Wrong size: the receive fails, the bytes are drained into the stash.
+    // Wrong size: the receive fails, and the message is read and dropped.
     finish((*it)->work,
            std::make_exception_ptr(InvalidArgument(
                describe("recv", (*it)->seq, peer) + ": rank " + std::to_string(peer) +
@@ -348,10 +348,30 @@ void P2pEngine::start_arrival(int peer, const Header& header) {
                std::to_string(header.bytes) + " bytes but the receive buffer has " +
                std::to_string((*it)->bytes) + "; post a receive of the size that was sent")));
     recvs_.erase(it);
-    a.error = "drained";
+    a.drained = true;
   }
-  a.stash.resize(header.bytes);
-  a.dest = a.stash.data();
+}
+
+char* P2pEngine::next_piece(int peer, size_t n) {
+  Arrival& a = arrivals_[peer];
+  if (a.request) return a.request->data + a.received;
+  if (a.drained) {
+    // As large as any connection's slot from the start, so that it never
+    // moves under a piece another connection has filled in part.
+    if (drain_.empty()) {
+      size_t slot = 0;
+      for (const Connection* conn : conns_) {
+        if (conn != nullptr) slot = std::max(slot, conn->slot_bytes());
+      }
+      drain_.resize(slot);
+    }
+    return drain_.data();
+  }
+  // The stash grows by the piece about to arrive, not by the length the
+  // header claims: a peer can make this rank hold only what it really sent.
+  // Asked again for the same piece, it keeps its size and place.
+  a.stash.resize(a.received + n);
+  return a.stash.data() + a.received;
 }
 
 void P2pEngine::finish_arrival(int peer) {
@@ -359,7 +379,7 @@ void P2pEngine::finish_arrival(int peer) {
   if (a.request) {
     a.request->work->set_source(peer);
     finish(a.request->work);
-  } else if (a.error.empty()) {
+  } else if (!a.drained) {
     stash_[peer].push_back(Stashed{a.tag, std::move(a.stash)});
     // A receive posted while this message was arriving may want it.
     for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
@@ -389,8 +409,8 @@ bool P2pEngine::progress_arrival(int peer) {
     moved = true;
   }
   while (a.received < a.bytes) {
-    size_t n = std::min(conn->slot_bytes(), a.bytes - a.received);
-    if (!conn->recv_into(a.dest + a.received, n)) return moved;
+    const size_t n = std::min(conn->slot_bytes(), a.bytes - a.received);
+    if (!conn->recv_into(next_piece(peer, n), n)) return moved;
     a.received += n;
     moved = true;
   }
@@ -428,7 +448,9 @@ void P2pEngine::loop() {
         if (arrived && !left_why_[p].empty()) last_from_[p] = std::chrono::steady_clock::now();
         moved = moved || sent || arrived;
       }
-    } catch (const Error&) {
+    } catch (const std::exception&) {
+      // Not only weft's errors: memory for a stash running out fails the
+      // requests too, rather than the process from this thread.
       error = std::current_exception();
     }
     lock.unlock();

@@ -6,8 +6,10 @@
 // On the wire a message is a 16-byte header {magic, tag, length} followed by
 // its payload in slot-sized pieces. A message is matched to the oldest posted
 // receive that names its source (or any source) and its tag; one that arrives
-// before its receive is set aside until it is posted. Messages from one
-// source with one tag are matched in the order they were sent.
+// before its receive is set aside until it is posted, held as its bytes come
+// in (never allocated by the length its header claims); one whose receive
+// has another size fails that receive and is read and dropped. Messages from
+// one source with one tag are matched in the order they were sent.
 //
 // Timeouts: a message that stops moving part way (its peer stopped reading or
 // writing) fails the engine after timeout_s, since the connection's stream is
@@ -88,22 +90,25 @@ class P2pEngine {
     uint32_t tag;
     std::vector<char> payload;
   };
-  // The message currently arriving from one peer.
+  // The message currently arriving from one peer: into its receive's
+  // buffer, else into the stash, or drained (its receive had the wrong size).
   struct Arrival {
     bool active = false;
     uint32_t tag = 0;
-    size_t bytes = 0;
+    size_t bytes = 0;  // as its header claims: nothing is sized by it
     size_t received = 0;
-    char* dest = nullptr;
-    std::shared_ptr<RecvRequest> request;  // null: goes to the stash
-    std::vector<char> stash;
-    std::string error;  // set when the matched receive has the wrong size
+    std::shared_ptr<RecvRequest> request;
+    bool drained = false;
+    std::vector<char> stash;  // what has arrived so far
   };
 
   void loop();
   bool progress_sends(int peer);
   bool progress_arrival(int peer);
   void start_arrival(int peer, const Header& header);
+  // Where the next `n` bytes of the arrival from `peer` go; the same place
+  // when asked again for a piece that has not all arrived.
+  char* next_piece(int peer, size_t n);
   void finish_arrival(int peer);
   bool match_stashed(const std::shared_ptr<RecvRequest>& request);
   bool pending() const;
@@ -147,6 +152,9 @@ class P2pEngine {
   std::list<std::shared_ptr<RecvRequest>> recvs_;  // posted, oldest first
   std::vector<Arrival> arrivals_;
   std::vector<std::deque<Stashed>> stash_;  // per peer, arrival order
+  // One slot (the largest connection's), shared by the drained messages'
+  // pieces, which are thrown away as they arrive; allocated on first use.
+  std::vector<char> drain_;
   uint64_t next_seq_ = 0;
   std::vector<std::pair<std::shared_ptr<Work>, std::exception_ptr>> finished_;
   std::string failed_;  // non-empty once the engine has failed

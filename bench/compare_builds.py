@@ -44,33 +44,39 @@ def compare(
     timeout: float,
 ) -> dict:
     times: dict[tuple, dict[str, list[float]]] = {}
+    cpu: dict[tuple, dict[str, list[float]]] = {}
     names = list(builds)
     for repeat in range(repeats):
         for name in names[repeat % 2 :] + names[: repeat % 2]:
             for r in run_once(builds[name], envs.get(name, {}), bench_args, timeout)["results"]:
                 key = (r["system"], r["op"], r["bytes"], r["in_place"])
                 times.setdefault(key, {n: [] for n in names})[name].append(r["time_us"])
+                if "cpu_us" in r:
+                    cpu.setdefault(key, {n: [] for n in names})[name].append(r["cpu_us"])
     first, second = names
     rows = []
     for (system, op, nbytes, in_place), by_build in sorted(times.items()):
         if not all(by_build.values()):
             continue
         medians = {n: statistics.median(t) for n, t in by_build.items()}
-        rows.append(
-            {
-                "system": system,
-                "op": op,
-                "bytes": nbytes,
-                "in_place": in_place,
-                "time_us": by_build,
-                "median_us": medians,
-                f"{second}/{first}": round(medians[second] / medians[first], 3),
-            }
-        )
+        row = {
+            "system": system,
+            "op": op,
+            "bytes": nbytes,
+            "in_place": in_place,
+            "time_us": by_build,
+            "median_us": medians,
+            f"{second}/{first}": round(medians[second] / medians[first], 3),
+        }
+        spent = cpu.get((system, op, nbytes, in_place), {})
+        if spent and all(spent.values()):
+            row["median_cpu_us"] = {n: statistics.median(c) for n, c in spent.items()}
+        rows.append(row)
     return {
         "command": " ".join(["python bench/compare_builds.py", *sys.argv[1:]]),
         "builds": names,
-        "timing": "per build and repeat, weft-bench's per-call time (us); medians over repeats",
+        "timing": "per build and repeat, weft-bench's per-call time (us); medians over repeats; "
+        "median_cpu_us: weft-bench's CPU time per call summed over the ranks (user and system)",
         "rows": rows,
     }
 
@@ -105,15 +111,18 @@ def markdown(report: dict) -> str:
     lines = [
         f"`{report['command']}`",
         "",
-        f"| system | op | bytes | form | {first} us | {second} us | {key} |",
-        "|---|---|---|---|---|---|---|",
+        f"| system | op | bytes | form | {first} us | {second} us | {key} | CPU us {first} / "
+        f"{second} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         m = r["median_us"]
+        c = r.get("median_cpu_us")
         form = "in place" if r["in_place"] else "out of place"
+        spent = f"{c[first]:.0f} / {c[second]:.0f}" if c else "-"
         lines.append(
             f"| {r['system']} | {r['op']} | {r['bytes']} | {form} | {m[first]:.1f} | "
-            f"{m[second]:.1f} | {r[key]:.2f} |"
+            f"{m[second]:.1f} | {r[key]:.2f} | {spent} |"
         )
     return "\n".join(lines) + "\n"
 

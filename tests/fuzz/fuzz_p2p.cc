@@ -55,6 +55,7 @@
 #include "core/exec/p2p.h"
 #include "core/exec/work.h"
 #include "core/transport/connection.h"
+#include "fuzz_script.h"
 
 namespace {
 
@@ -224,38 +225,6 @@ class FakeConnection final : public weft::Connection {
   size_t piece_ = 0;
   void* piece_dst_ = nullptr;
   size_t piece_bytes_ = 0;
-};
-
-// The input's bytes after the setup, read front to back.
-class Script {
- public:
-  Script(const uint8_t* data, size_t size) : next_(data), end_(data + size) {}
-  bool done() const { return next_ == end_; }
-  // Copies the next `bytes`; false (and the script ends) when fewer are left.
-  bool take(void* out, size_t bytes) {
-    if (static_cast<size_t>(end_ - next_) < bytes) {
-      next_ = end_;
-      return false;
-    }
-    if (bytes > 0) std::memcpy(out, next_, bytes);
-    next_ += bytes;
-    return true;
-  }
-  template <typename T>
-  bool get(T& value) {
-    return take(&value, sizeof(value));
-  }
-  // Up to `bytes` of what is left (all of it when fewer are).
-  std::pair<const uint8_t*, size_t> some(size_t bytes) {
-    const uint8_t* start = next_;
-    bytes = std::min(bytes, static_cast<size_t>(end_ - next_));
-    next_ += bytes;
-    return {start, bytes};
-  }
-
- private:
-  const uint8_t* next_;
-  const uint8_t* end_;
 };
 
 // What the script does. Each operation is a tag byte (taken modulo kOps)

@@ -57,6 +57,7 @@
 #include "core/transport/rdma/endpoint.h"
 #include "core/transport/rdma/rdma_connection.h"
 #include "core/transport/rdma/rdma_wire.h"
+#include "fuzz_script.h"
 
 namespace {
 
@@ -135,32 +136,6 @@ class PeerBuffer {
  private:
   static constexpr uint8_t kGuardByte = 0xd7;
   std::vector<uint8_t> memory_;
-};
-
-// The input's bytes after the setup, read front to back.
-class Script {
- public:
-  Script(const uint8_t* data, size_t size) : next_(data), end_(data + size) {}
-  bool done() const { return next_ == end_; }
-  size_t left() const { return static_cast<size_t>(end_ - next_); }
-  // Copies the next `bytes`; false (and the script ends) when fewer are left.
-  bool take(void* out, size_t bytes) {
-    if (left() < bytes) {
-      next_ = end_;
-      return false;
-    }
-    if (bytes > 0) std::memcpy(out, next_, bytes);
-    next_ += bytes;
-    return true;
-  }
-  template <typename T>
-  bool get(T& value) {
-    return take(&value, sizeof(value));
-  }
-
- private:
-  const uint8_t* next_;
-  const uint8_t* end_;
 };
 
 // What the peer's script does. Each operation is a tag byte (taken modulo

@@ -47,6 +47,7 @@
 #include "core/transport/shm/fifo_layout.h"
 #include "core/transport/shm/shm_connection.h"
 #include "core/transport/shm/shm_handshake.h"
+#include "fuzz_script.h"
 
 namespace {
 
@@ -149,32 +150,6 @@ class SenderMemory {
 struct Message {
   const uint8_t* bytes = nullptr;
   bool inline_slot = false;
-};
-
-// The input's bytes after the setup, read front to back.
-class Script {
- public:
-  Script(const uint8_t* data, size_t size) : next_(data), end_(data + size) {}
-  bool done() const { return next_ == end_; }
-  size_t left() const { return static_cast<size_t>(end_ - next_); }
-  // Copies the next `bytes`; false (and the script ends) when fewer are left.
-  bool take(void* out, size_t bytes) {
-    if (left() < bytes) {
-      next_ = end_;
-      return false;
-    }
-    std::memcpy(out, next_, bytes);
-    next_ += bytes;
-    return true;
-  }
-  template <typename T>
-  bool get(T& value) {
-    return take(&value, sizeof(value));
-  }
-
- private:
-  const uint8_t* next_;
-  const uint8_t* end_;
 };
 
 // The peer: writes what its script says into the FIFO the connection

@@ -128,7 +128,7 @@ def build(name: str, work: Path) -> Path:
     for pattern in CPP_TARGETS[name]["sources"]:
         sources += sorted(CORE.glob(pattern))
     digest = hashlib.sha256()
-    for path in [*sources, *sorted(CORE.rglob("*.h"))]:
+    for path in [*sources, *sorted(CORE.rglob("*.h")), *sorted(HERE.glob("*.h"))]:
         digest.update(path.read_bytes())
     work.mkdir(parents=True, exist_ok=True)
     binary = work / f"{name}-{digest.hexdigest()[:16]}"

@@ -353,3 +353,40 @@ def test_a_loop_of_calls_costs_what_one_call_does_where_nothing_carries_over():
     for calls in (0, 1.5, True):
         with pytest.raises(ValueError, match="calls must be a whole number"):
             topo.simulate("ring", world, 1024, calls=calls)
+
+
+def test_ranks_that_do_not_forward_carry_only_what_needs_no_relay():
+    """On a ring and a 4x4 torus whose ranks do not forward, recursive doubling (messages two
+    ranks away) fails the checker and the simulator alike; the ring, and the torus example's
+    rings along rows and columns, pass both and simulate as where ranks forward."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "topo" / "torus2d_allreduce.py"
+    spec = importlib.util.spec_from_file_location("torus2d_allreduce", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    cases = [
+        (Topology.ring(4, ranks_forward=False), topo.builtin("allreduce", "ring", 4, count=4)),
+        (Topology.torus((4, 4), ranks_forward=False), example.torus_allreduce(4, 4)),
+    ]
+    for direct, fits in cases:
+        rd = topo.builtin("allreduce", "rd", direct.size, count=direct.size)
+        assert not topo.check(rd, topology=direct).ok
+        for algo in (rd, "rd"):
+            with pytest.raises(TopologyError, match="only through rank.*ranks do not forward"):
+                topo.simulate(algo, direct, 4 << 10)
+        assert topo.check(fits, topology=direct).ok
+        forwarding = direct.with_ranks_forward(True)
+        assert topo.simulate(fits, direct).time_s == topo.simulate(fits, forwarding).time_s
+    ring = topo.simulate("ring", Topology.ring(8, ranks_forward=False), 64 << 10)
+    assert ring.time_s == topo.simulate("ring", Topology.ring(8), 64 << 10).time_s
+
+
+def test_a_route_around_ranks_longer_than_the_shortest_is_refused_by_name():
+    """The simulator's router takes shortest paths: where only a longer one avoids other
+    ranks' nodes it says so rather than simulate the shorter one."""
+    rail = Topology.rail_optimized(2, 2).with_ranks_forward(False)
+    assert rail.route(0, 3) is not None  # host0.rank0 to host1.rank1, over the spine
+    with pytest.raises(TopologyError, match="by a route free of other ranks' nodes, but"):
+        topo.simulate(topo.builtin("alltoall", "pairwise", 4, count=4), rail)

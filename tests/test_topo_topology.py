@@ -90,6 +90,7 @@ def test_json_round_trip(tmp_path):
         Topology.torus((3, 3)),
         Topology.fat_tree(8, per_leaf=4),
         buckets,
+        Topology.ring(5, ranks_forward=False),
     ):
         path = tmp_path / "t.json"
         t.save(path)
@@ -97,6 +98,7 @@ def test_json_round_trip(tmp_path):
         assert back.to_json() == t.to_json()
         assert (back.size, back.hosts) == (t.size, t.hosts)
         assert back.route(0, t.size - 1) == t.route(0, t.size - 1)
+        assert back.ranks_forward == t.ranks_forward
 
 
 @pytest.mark.parametrize(
@@ -120,6 +122,7 @@ def test_json_round_trip(tmp_path):
         (lambda d: d.update(cpus=[{"ranks": [0], "cores": 1}]), "CPU pool 0: missing 's_per_b'"),
         (lambda d: d.update(cpus=[{"ranks": [9], "cores": 1, "s_per_b": 0}]), "names rank 9"),
         (lambda d: d.update(cpus=[{"ranks": [0], "cores": 1, "s_per_b": -1}]), "s_per_b must"),
+        (lambda d: d.update(ranks_forward="no"), "top level: 'ranks_forward' must be bool"),
     ],
 )
 def test_json_refuses_what_it_does_not_know(tmp_path, edit, message):
@@ -219,27 +222,55 @@ def test_check_reports_messages_the_topology_cannot_carry():
     assert "has 5 ranks, the algorithm 4" in str(topo.check(ring, topology=Topology.ring(5)))
 
 
-def test_direct_only_refuses_routes_through_other_ranks():
+def test_ranks_that_do_not_forward_refuse_routes_through_other_ranks():
     """Where ranks do not forward (GPUs on direct links), a message may cross switches and NICs
     but no other rank: recursive doubling's distance-2 exchange on a ring is refused naming the
-    rank between, the ring and the torus example pass, and a switch is no relay."""
+    rank between, the ring passes, and a switch is no relay. ``direct_only`` checks any topology
+    so."""
     rd = topo.builtin("allreduce", "rd", 4, count=8)
     assert topo.check(rd, topology=Topology.ring(4)).ok  # routed through rank 1: allowed
-    report = topo.check(rd, topology=Topology.ring(4), direct_only=True)
-    assert not report.ok
-    first = report.errors[0]
-    assert (first.rank, first.step) == (0, 1), first
-    assert (
-        "sends to rank 2, but the topology (ring(4)) joins rank 0 to rank 2 only through rank1, "
-        "another rank's node, and ranks do not forward (direct_only)"
-    ) in str(first)
+    direct = Topology.ring(4, ranks_forward=False)
+    assert "ranks do not forward" in repr(direct)
+    assert direct.route(0, 2) is None and direct.route_links(0, 2) is None
+    assert direct.route(0, 1) == ["rank0", "rank1"]
+    for report in (
+        topo.check(rd, topology=direct),
+        topo.check(rd, topology=Topology.ring(4), direct_only=True),
+    ):
+        assert not report.ok
+        first = report.errors[0]
+        assert (first.rank, first.step) == (0, 1), first
+        assert (
+            "sends to rank 2, but the topology (ring(4)) joins rank 0 to rank 2 only through "
+            "rank1, another rank's node, and ranks do not forward"
+        ) in str(first)
     ring = topo.builtin("allreduce", "ring", 4, count=8)
-    assert topo.check(ring, topology=Topology.ring(4), direct_only=True).ok
+    assert topo.check(ring, topology=direct).ok
     assert topo.check(rd, topology=Topology.switch(4), direct_only=True).ok
     eight = topo.builtin("allreduce", "rd", 8, count=8)
     assert topo.check(eight, topology=Topology.hosts(2, 4), direct_only=True).ok
     torus = topo.builtin("allreduce", "rd", 16, count=16)
+    assert not topo.check(torus, topology=Topology.torus((4, 4), ranks_forward=False)).ok
     assert not topo.check(torus, topology=Topology.torus((4, 4)), direct_only=True).ok
+
+
+def test_routes_around_ranks_take_switches():
+    """Ranks a - b - c in a line, and a - sw0 - sw1 - c: with forwarding the shorter route
+    through b, without it the one through the switches; d, reached only through b, has none."""
+    names = [("a", "rank"), ("b", "rank"), ("c", "rank"), ("sw0", "switch"), ("sw1", "switch")]
+    nodes = [(name, kind, None) for name, kind in names + [("d", "rank")]]
+    pairs = [(0, 1), (1, 2), (0, 3), (3, 4), (4, 2), (1, 5)]
+    links = [topo.Link(x, y, 1e-6, 1e9) for x, y in pairs]
+    t = Topology(nodes=nodes, ranks=[0, 1, 2, 5], links=links)
+    assert (t.route(0, 2), t.route(0, 3)) == (["a", "b", "c"], ["a", "b", "d"])
+    direct = t.with_ranks_forward(False)
+    assert direct.route(0, 2) == ["a", "sw0", "sw1", "c"]
+    assert direct.route_links(0, 2) == [(2, 0), (3, 0), (4, 0)]
+    assert direct.route(0, 3) is None
+    assert direct.route_fault(0, 3) == (
+        "joins rank 0 to rank 3 only through b, another rank's node, and ranks do not forward"
+    )
+    assert direct.route_fault(0, 2) is None and t.route_fault(0, 3) is None
 
 
 def test_direct_only_from_the_command_line(tmp_path, capsys):
@@ -250,3 +281,10 @@ def test_direct_only_from_the_command_line(tmp_path, capsys):
     assert main(["check", str(path), "--topology", "ring:4"]) == 0
     assert main(["check", str(path), "--topology", "ring:4", "--direct-only"]) == 1
     assert "only through rank1, another rank's node" in capsys.readouterr().out
+    assert main(["check", str(path), "--topology", "ring:4:noforward"]) == 1
+    assert "only through rank1, another rank's node" in capsys.readouterr().out
+    assert main(["simulate", str(path), "--topology", "ring:4:noforward"]) == 1
+    assert "simulate: rd: the topology (ring(4)) joins rank 0" in capsys.readouterr().err
+    saved = tmp_path / "ring4.json"
+    Topology.ring(4, ranks_forward=False).save(saved)
+    assert main(["check", str(path), "--topology", str(saved)]) == 1

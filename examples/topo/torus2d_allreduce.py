@@ -59,7 +59,7 @@ def run_rank(rank, size, store, algo_json):
 if __name__ == "__main__":
     algo = torus_allreduce(3, 2)
     # On a torus of 2 rows of 3 whose ranks do not forward: every message crosses one link.
-    report = topo.check(algo, topology=topo.Topology.torus((2, 3)), direct_only=True)
+    report = topo.check(algo, topology=topo.Topology.torus((2, 3), ranks_forward=False))
     print(report)
     assert report.ok
     results = weft.local.spawn(run_rank, algo.ranks, algo.to_json())

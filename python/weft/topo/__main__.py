@@ -2,7 +2,7 @@
 
     python -m weft.topo export allreduce ring 8 --count 1000 -o ring8.json
     python -m weft.topo check ring8.json [more.json ring.xml ...] [--slots 2 --slot-bytes 4096]
-    python -m weft.topo check ring8.json --topology torus:2x4 [--direct-only]
+    python -m weft.topo check ring8.json --topology torus:2x4:noforward    # or --direct-only
     python -m weft.topo simulate ring8.json --topology hosts:2x4 --bytes 1M [--links 5]
     python -m weft.topo simulate ring --topology ring:4096 --bytes 1M      # a built-in family
     python -m weft.topo draw topology hosts:2x4 -o hosts.png
@@ -11,7 +11,8 @@
 An Algorithm file is weft.topo's JSON, or MSCCL's XML by its ``.xml`` suffix.
 ``check`` prints each file's report and exits with 1 when any file fails. A topology is a JSON
 file that ``Topology.save`` wrote or a builder: ring:N, full:N, switch:N, fat_tree:N[xPER_LEAF],
-torus:AxB[xC...], hosts:HOSTSxPER_HOST, rail:HOSTSxPER_HOST. Sizes take K, M and G (powers of 2).
+torus:AxB[xC...], hosts:HOSTSxPER_HOST, rail:HOSTSxPER_HOST; either with ``:noforward`` after it
+has ranks that do not forward (ranks_forward=False). Sizes take K, M and G (powers of 2).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--direct-only",
         action="store_true",
-        help="with --topology: ranks do not forward, so no route may pass through another rank",
+        help="with --topology: check as if its ranks did not forward (as :noforward says), so no "
+        "route may pass through another rank",
     )
     sim = commands.add_parser("simulate", help="simulate an Algorithm file or built-in family")
     sim.add_argument(
@@ -169,9 +171,13 @@ BUILDERS = {
     "rail": lambda d: topo.Topology.rail_optimized(*d),
 }
 
+NO_FORWARD = ":noforward"
+
 
 def topology_arg(text: str) -> topo.Topology:
-    """A Topology file, or builder:AxB."""
+    """A Topology file, or builder:AxB; either followed by :noforward (ranks do not forward)."""
+    if text.endswith(NO_FORWARD):
+        return topology_arg(text.removesuffix(NO_FORWARD)).with_ranks_forward(False)
     kind, _, dims = text.partition(":")
     if kind in BUILDERS and dims:
         try:

@@ -124,31 +124,12 @@ def _shared_connections(program, r: int) -> list[Problem]:
     return problems
 
 
-def _route_fault(topology, pair: tuple[int, int], no_relay: set[str]) -> str | None:
-    """Why the topology cannot carry a message from pair[0] to pair[1], or None; a route
-    through a node named in ``no_relay`` is a fault too."""
-    hops = topology.route(*pair)
-    if hops is None:
-        return f"has no route from rank {pair[0]} to rank {pair[1]}"
-    relays = [name for name in hops[1:-1] if name in no_relay]
-    if relays:
-        return (
-            f"joins rank {pair[0]} to rank {pair[1]} only through {', '.join(relays)}, "
-            "another rank's node, and ranks do not forward (direct_only)"
-        )
-    return None
-
-
-def route_problems(
-    algo: Algorithm, topology, max_errors: int, direct_only: bool = False
-) -> list[Problem]:
+def route_problems(algo: Algorithm, topology, max_errors: int) -> list[Problem]:
     """Every step that sends to or receives from a rank the topology joins to it by no route
-    (with ``direct_only``, by no route free of other ranks' nodes)."""
+    (where its ranks do not forward, by no route free of other ranks' nodes)."""
     if topology.size != algo.ranks:
         return [Problem(f"the topology has {topology.size} ranks, the algorithm {algo.ranks}")]
     faults: dict[tuple[int, int], str | None] = {}
-    # Under direct_only the ranks' own nodes may not pass a message on.
-    no_relay = {name for name, kind, _ in topology.nodes if kind == "rank" and direct_only}
     problems = []
     for r, c, i, step in algo.steps():
         for peer, towards in ((step.send, True), (step.recv, False)):
@@ -156,7 +137,7 @@ def route_problems(
                 continue
             pair = (r, peer) if towards else (peer, r)
             if pair not in faults:
-                faults[pair] = _route_fault(topology, pair, no_relay)
+                faults[pair] = topology.route_fault(*pair)
             if faults[pair] is not None and len(problems) < max_errors:
                 what = f"sends to rank {peer}" if towards else f"receives from rank {peer}"
                 problems.append(
@@ -219,12 +200,15 @@ def check(
     ``scale``, each element stands for that many on the wire (how topo.run runs an Algorithm
     on larger buffers): messages are counted as the executor would cut them. With a
     ``topology`` (a weft.topo.Topology of as many ranks), every message between two ranks it has
-    no route for is an error too, and with ``direct_only`` every message whose route passes
-    through another rank's node (for networks whose ranks do not forward, as GPUs joined by
-    direct links do not: switches and NICs still may)."""
+    no route for is an error too: where the topology's ranks do not forward
+    (``ranks_forward=False``, as GPUs joined by direct links do not: switches and NICs still
+    may), every message joined only through another rank's node. ``direct_only=True`` checks
+    as if this topology's ranks did not forward, whatever it says."""
     problems = shape_problems(algo)
     if not problems and topology is not None:
-        problems = route_problems(algo, topology, max_errors, direct_only)
+        if direct_only:
+            topology = topology.with_ranks_forward(False)
+        problems = route_problems(algo, topology, max_errors)
     if not problems and scale < 1:
         problems = [Problem(f"scale {scale} must be at least 1")]
     labels = 0 if problems else _modelled_elements(algo)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from weft._C import sim as _sim
 from weft.topo.algorithm import Algorithm, AlgorithmError
-from weft.topo.builtin import FAMILIES, TUNED
+from weft.topo.builtin import FAMILIES, TUNED, builtin
 from weft.topo.topology import Topology, TopologyError
 
 # nccl-tests' bus bandwidth factors, with n the bytes each rank contributes (allgather's block).
@@ -119,7 +119,9 @@ def simulate(
     ``calls`` > 1 runs that many calls back to back on every rank, as a benchmark's loop does,
     the first half of them a warm-up: ``time_s`` is then the mean of the second half (per-hop
     figures and ``messages`` per call, averaged over all), which is what a token-bucket link
-    (``Link.burst_bytes``) gives in a loop rather than from idle."""
+    (``Link.burst_bytes``) gives in a loop rather than from idle. On a topology whose ranks do
+    not forward (``ranks_forward=False``), a message that only another rank's node could pass
+    on is a TopologyError, in the words ``check`` uses."""
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
         raise ValueError(f"simulate: calls must be a whole number >= 1, got {calls!r}")
     if not isinstance(topology, Topology):
@@ -133,6 +135,8 @@ def simulate(
         own = nbytes is None
         if own:
             nbytes = algo.count * algo.elem_size
+        if _ranks_could_relay(topology):
+            _refuse_relays(algo, topology)
         programs = _programs_of(algo, nbytes)
         name = algo.name
         slice_bytes = slice_bytes or (algo.slot_bytes if own else topology.slice_bytes)
@@ -147,6 +151,21 @@ def simulate(
         name, programs = _builtin(
             algo, collective, topology, nbytes, in_place, root, elem_size, step_bytes, channels
         )
+        if _ranks_could_relay(topology):  # its connections, read from the same Plans
+            planned = builtin(
+                collective,
+                algo,
+                p,
+                count=nbytes // elem_size,
+                root=root,
+                in_place=in_place,
+                hosts=topology.graph.rank_hosts(),
+                elem_size=elem_size,
+                slot_bytes=slice_bytes,
+                slots=slots,
+                channels=channels,
+            )
+            _refuse_relays(planned, topology)
     else:
         raise TypeError(f"simulate takes an Algorithm or a family name, got {type(algo).__name__}")
     topology = topology.at_buffer(nbytes)  # a calibrated topology's links at this size
@@ -203,6 +222,46 @@ def _builtin(family, collective, topology, nbytes, in_place, root, elem_size, st
         channels=channels,
     )
     return name, programs
+
+
+def _ranks_could_relay(topology: Topology) -> bool:
+    """Whether the topology's ranks do not forward and one of them has two links to pass a
+    message between (else every route the router finds is allowed)."""
+    if topology.ranks_forward:
+        return False
+    degree = [0] * len(topology.nodes)
+    for link in topology.links:
+        degree[link.a] += 1
+        degree[link.b] += 1
+    return any(degree[node] >= 2 for node in topology.rank_nodes)
+
+
+def _refuse_relays(algo: Algorithm, topology: Topology) -> None:
+    """Raises for the first connection of ``algo`` that the simulator's router (shortest paths)
+    would carry through another rank's node, or has no route for."""
+    graph, network = topology.graph, topology.network()
+    connections = set()
+    for r, program in enumerate(algo.programs):
+        for c, channel in enumerate(program.channels):
+            tag = c if channel.tag is None else channel.tag
+            for s in channel.steps:
+                if s.kind in ("fused", "exchange") and s.send is not None:
+                    connections.add((r, s.send, tag))
+                if s.kind in ("fused", "exchange") and s.recv is not None:
+                    connections.add((s.recv, r, tag))
+    for src, dst, tag in sorted(connections):
+        hops = network.route(src, dst, tag)
+        if hops is not None and not graph.relays(hops):
+            continue
+        fault = topology.route_fault(src, dst)
+        if fault is None:  # a route avoids the ranks, but the shortest, which it takes, does not
+            relays = ", ".join(graph.nodes[node][0] for node in graph.relays(hops))
+            fault = (
+                f"joins rank {src} to rank {dst} by a route free of other ranks' nodes, but the "
+                f"simulator takes the shortest route, through {relays}, and cannot yet take "
+                "the other"
+            )
+        raise TopologyError(f"simulate: {algo.name}: the topology ({topology.name}) {fault}")
 
 
 def _programs_of(algo: Algorithm, nbytes: int):

@@ -15,7 +15,9 @@ Links belong to classes (``nvlink``, ``pcie``, ``nic``, ``link``): ``with_class`
 latency and bandwidth, ``from_cost_model`` sets them from a communicator's measured cost model or a
 ``weft-bench --tune`` file. Latencies are seconds per link crossed, bandwidths bytes per second.
 Routes are shortest paths in hops, the same every time (equal ones spread by a hash of the ranks
-and the channel's tag).
+and the channel's tag). ``ranks_forward=False`` says the ranks' nodes pass on no one else's
+messages (GPUs joined by direct links do not; switches and NICs still relay): routes then avoid
+other ranks' nodes, and a pair joined only through them has none.
 """
 
 from __future__ import annotations
@@ -108,10 +110,15 @@ class Topology(_ClosedForm):
         ranks: list[int] | None = None,
         links: list[Link] | None = None,
         cpus: list[CpuPool] | None = None,
+        ranks_forward: bool = True,
     ):
         """Closed form: ``Topology(size=..., hosts=...)`` as before. A network: ``nodes`` as
         (name, kind, host or None), ``ranks`` the node of each rank, ``links``, and ``cpus``
-        the CpuPools ranks share, if any."""
+        the CpuPools ranks share, if any. ``ranks_forward``: whether a rank's node passes on
+        messages between other ranks (False: routes avoid other ranks' nodes)."""
+        if not isinstance(ranks_forward, bool):
+            raise TopologyError(f"ranks_forward must be True or False, got {ranks_forward!r}")
+        self.ranks_forward = ranks_forward
         if nodes is None:
             if size is None:
                 raise TopologyError("Topology needs size= (closed form) or nodes=, ranks=, links=")
@@ -177,22 +184,41 @@ class Topology(_ClosedForm):
 
     def route(self, from_rank: int, to_rank: int, tag: int = 0) -> list[str] | None:
         """Node names along the route from one rank to another, or None when none joins them
-        (``tag``: a channel's connection tag, which spreads equal routes as the hash does)."""
-        hops = self.network().route(from_rank, to_rank, tag)
-        if hops is None:
-            return None
-        names = [self.graph.nodes[self.graph.ranks[from_rank]][0]]
-        for h in hops:
-            link = self.graph.links[h >> 1]
-            names.append(self.graph.nodes[link.a if h & 1 else link.b][0])
-        return names
+        (``tag``: a channel's connection tag, which spreads equal routes as the hash does).
+        Where ranks do not forward, only routes free of other ranks' nodes count."""
+        return self.graph.names(from_rank, self._hops(from_rank, to_rank, tag))
 
     def route_links(
         self, from_rank: int, to_rank: int, tag: int = 0
     ) -> list[tuple[int, int]] | None:
         """(link index, direction) pairs of the route (direction 0 from link.a to link.b)."""
-        hops = self.network().route(from_rank, to_rank, tag)
+        hops = self._hops(from_rank, to_rank, tag)
         return None if hops is None else [(h >> 1, h & 1) for h in hops]
+
+    def _hops(self, from_rank: int, to_rank: int, tag: int) -> list[int] | None:
+        """The route as hops (link * 2 + direction): the router's shortest path, or where ranks
+        do not forward and that one passes through another rank's node, the shortest free of
+        them."""
+        hops = self.network().route(from_rank, to_rank, tag)
+        if hops is None or self.ranks_forward or not self.graph.relays(hops):
+            return hops
+        return self.graph.route_around_ranks(from_rank, to_rank)
+
+    def route_fault(self, from_rank: int, to_rank: int) -> str | None:
+        """Why no route carries a message from one rank to another, or None: the words that
+        ``check`` and ``simulate`` report, naming the ranks' nodes between where ranks do not
+        forward and only such routes join the two."""
+        if self._hops(from_rank, to_rank, 0) is not None:
+            return None
+        hops = self.network().route(from_rank, to_rank, 0)
+        if hops is None:
+            return f"has no route from rank {from_rank} to rank {to_rank}"
+        relays = [self.graph.nodes[node][0] for node in self.graph.relays(hops)]
+        whose = "another rank's node" if len(relays) == 1 else "other ranks' nodes"
+        return (
+            f"joins rank {from_rank} to rank {to_rank} only through {', '.join(relays)}, "
+            f"{whose}, and ranks do not forward"
+        )
 
     def with_class(
         self, cls: str, latency_s: float | None = None, bandwidth_Bps: float | None = None
@@ -213,6 +239,13 @@ class Topology(_ClosedForm):
         ]
         return self._copy(links=links)
 
+    def with_ranks_forward(self, ranks_forward: bool) -> Topology:
+        """A copy whose ranks do (True) or do not (False) pass on other ranks' messages."""
+        copy = self._copy(ranks_forward=ranks_forward)
+        copy.gamma_s_per_b = self.gamma_s_per_b
+        copy._calibration = self._calibration
+        return copy
+
     def _copy(self, **changes) -> Topology:
         g = self.graph
         return Topology(
@@ -223,6 +256,7 @@ class Topology(_ClosedForm):
             name=self.name,
             step_bytes=self.step_bytes,
             slice_bytes=self.slice_bytes,
+            ranks_forward=changes.get("ranks_forward", self.ranks_forward),
         )
 
     def sharing_cpus(self, cores: int, s_per_b: float) -> Topology:
@@ -236,32 +270,48 @@ class Topology(_ClosedForm):
             return f"Topology(size={self.size}, hosts={self.hosts})"
         g = self._graph
         shape = f"{len(g.ranks)} ranks, {len(g.nodes)} nodes, {len(g.links)} links"
+        if not self.ranks_forward:
+            shape += ", ranks do not forward"
         return f"Topology({self.name!r}: {shape})"
 
     # ---- builders ----------------------------------------------------------------------------
 
     @classmethod
-    def ring(cls, n: int, *, latency_s: float = NIC[0], bandwidth_Bps: float = NIC[1]) -> Topology:
-        """n ranks, each linked to the next (the last to the first)."""
+    def ring(
+        cls,
+        n: int,
+        *,
+        latency_s: float = NIC[0],
+        bandwidth_Bps: float = NIC[1],
+        ranks_forward: bool = True,
+    ) -> Topology:
+        """n ranks, each linked to the next (the last to the first); ``ranks_forward=False``:
+        they pass on no one else's messages, so only neighbours talk."""
         _need(n >= 1, f"ring needs n >= 1, got {n}")
         b = _Builder()
         ranks = [b.rank(f"rank{r}", r) for r in range(n)]
         for r in range(n if n > 2 else n - 1):
             b.link(ranks[r], ranks[(r + 1) % n], latency_s, bandwidth_Bps, "link")
-        return b.build(f"ring({n})")
+        return b.build(f"ring({n})", ranks_forward)
 
     @classmethod
     def fully_connected(
-        cls, n: int, *, latency_s: float = NIC[0], bandwidth_Bps: float = NIC[1]
+        cls,
+        n: int,
+        *,
+        latency_s: float = NIC[0],
+        bandwidth_Bps: float = NIC[1],
+        ranks_forward: bool = True,
     ) -> Topology:
-        """n ranks with a link between every pair (n (n - 1) / 2 links, so n <= 1024)."""
+        """n ranks with a link between every pair (n (n - 1) / 2 links, so n <= 1024);
+        ``ranks_forward`` as for ``ring``."""
         _need(1 <= n <= 1024, f"fully_connected needs 1 <= n <= 1024 (links grow as n^2), got {n}")
         b = _Builder()
         ranks = [b.rank(f"rank{r}", r) for r in range(n)]
         for i in range(n):
             for j in range(i + 1, n):
                 b.link(ranks[i], ranks[j], latency_s, bandwidth_Bps, "link")
-        return b.build(f"fully_connected({n})")
+        return b.build(f"fully_connected({n})", ranks_forward)
 
     @classmethod
     def switch(
@@ -303,10 +353,17 @@ class Topology(_ClosedForm):
 
     @classmethod
     def torus(
-        cls, dims=(4, 4), *, latency_s: float = NIC[0], bandwidth_Bps: float = NIC[1]
+        cls,
+        dims=(4, 4),
+        *,
+        latency_s: float = NIC[0],
+        bandwidth_Bps: float = NIC[1],
+        ranks_forward: bool = True,
     ) -> Topology:
         """A k-D torus: ranks numbered row-major over ``dims``, each linked to its neighbour in
-        each dimension (wrapping around; a dimension of 2 has one link, of 1 none)."""
+        each dimension (wrapping around; a dimension of 2 has one link, of 1 none).
+        ``ranks_forward=False``: GPUs on direct links rather than routing chips, so only
+        neighbours talk."""
         dims = tuple(dims)
         _need(
             dims and all(isinstance(d, int) and d >= 1 for d in dims),
@@ -323,7 +380,7 @@ class Topology(_ClosedForm):
                     nxt = r + ((x + 1) % d - x) * stride
                     b.link(ranks[r], ranks[nxt], latency_s, bandwidth_Bps, "link")
             stride *= d
-        return b.build(f"torus({', '.join(map(str, dims))})")
+        return b.build(f"torus({', '.join(map(str, dims))})", ranks_forward)
 
     def _hosts(
         cls,
@@ -475,7 +532,9 @@ class Topology(_ClosedForm):
         if self._calibration is None or not self._calibration[0].large_bytes:
             return self
         model, *shape = self._calibration
-        return self._calibrated(at_buffer(model, nbytes), *shape)
+        world = self._calibrated(at_buffer(model, nbytes), *shape)
+        world.ranks_forward = self.ranks_forward
+        return world
 
     # ---- JSON --------------------------------------------------------------------------------
 
@@ -486,6 +545,7 @@ class Topology(_ClosedForm):
             "name": self.name,
             "step_bytes": self.step_bytes,
             "slice_bytes": self.slice_bytes,
+            "ranks_forward": self.ranks_forward,
             "nodes": [
                 {"name": n, "kind": k} | ({} if h is None else {"host": h}) for n, k, h in g.nodes
             ],
@@ -553,6 +613,8 @@ class _Graph:
         self.links = links
         self.cpus = list(cpus)
         self._network = None
+        self._around_ranks = {}  # (from, to) rank pairs: routes free of other ranks' nodes
+        self._adjacency = None  # each node's hops out, for those searches
 
     def validate(self) -> None:
         n = len(self.nodes)
@@ -613,6 +675,58 @@ class _Graph:
             )
         return self._network
 
+    def names(self, from_rank: int, hops: list[int] | None) -> list[str] | None:
+        """Node names along hops (link * 2 + direction) from a rank's node."""
+        if hops is None:
+            return None
+        names = [self.nodes[self.ranks[from_rank]][0]]
+        for h in hops:
+            link = self.links[h >> 1]
+            names.append(self.nodes[link.a if h & 1 else link.b][0])
+        return names
+
+    def relays(self, hops: list[int]) -> list[int]:
+        """The rank nodes that hops pass through (not the ends)."""
+        inner = [self.links[h >> 1].a if h & 1 else self.links[h >> 1].b for h in hops[:-1]]
+        return [node for node in inner if self.nodes[node][1] == "rank"]
+
+    def route_around_ranks(self, from_rank: int, to_rank: int) -> list[int] | None:
+        """The shortest route in hops whose nodes between are none of the ranks' (a
+        breadth-first search in link order, so the same every time), or None."""
+        key = (from_rank, to_rank)
+        if key not in self._around_ranks:
+            self._around_ranks[key] = self._search_around_ranks(*key)
+        return self._around_ranks[key]
+
+    def _search_around_ranks(self, from_rank: int, to_rank: int) -> list[int] | None:
+        if self._adjacency is None:
+            self._adjacency = [[] for _ in self.nodes]
+            for i, link in enumerate(self.links):
+                self._adjacency[link.a].append(2 * i)
+                self._adjacency[link.b].append(2 * i + 1)
+        s, t = self.ranks[from_rank], self.ranks[to_rank]
+        via = {s: None}
+        queue = deque([s])
+        while queue:
+            u = queue.popleft()
+            if u != s and self.nodes[u][1] == "rank":
+                continue  # reached, but it passes nothing on
+            for h in self._adjacency[u]:
+                link = self.links[h >> 1]
+                v = link.a if h & 1 else link.b
+                if v in via:
+                    continue
+                via[v] = h
+                if v == t:
+                    hops = []
+                    while via[v] is not None:
+                        hops.append(via[v])
+                        link = self.links[via[v] >> 1]
+                        v = link.b if via[v] & 1 else link.a
+                    return hops[::-1]
+                queue.append(v)
+        return None
+
     def _rank_pools(self) -> list[int]:
         if not self.cpus:
             return []
@@ -662,11 +776,27 @@ class _Builder:
             Link(a, b, float(latency_s), float(bandwidth_Bps), True, cls, float(burst_bytes))
         )
 
-    def build(self, name) -> Topology:
-        return Topology(nodes=self.nodes, ranks=self.ranks, links=self.links, name=name)
+    def build(self, name, ranks_forward=True) -> Topology:
+        return Topology(
+            nodes=self.nodes,
+            ranks=self.ranks,
+            links=self.links,
+            name=name,
+            ranks_forward=ranks_forward,
+        )
 
 
-TOP_KEYS = {"format", "name", "step_bytes", "slice_bytes", "nodes", "ranks", "links", "cpus"}
+TOP_KEYS = {
+    "format",
+    "name",
+    "step_bytes",
+    "slice_bytes",
+    "ranks_forward",
+    "nodes",
+    "ranks",
+    "links",
+    "cpus",
+}
 CPU_KEYS = {"ranks", "cores", "s_per_b"}
 MOST_BYTES = 1 << 40  # a step's budget or a slice, in a file
 NODE_KEYS = {"name", "kind", "host"}
@@ -773,6 +903,7 @@ def _parse(data, source: str) -> Topology:
         1,
         MOST_BYTES,
     )
+    ranks_forward = get(data, "ranks_forward", (bool,), "top level", True, optional=True)
     try:
         return Topology(
             nodes=nodes,
@@ -782,6 +913,7 @@ def _parse(data, source: str) -> Topology:
             name=get(data, "name", (str,), "top level", "network", optional=True),
             step_bytes=step_bytes,
             slice_bytes=slice_bytes,
+            ranks_forward=ranks_forward,
         )
     except TopologyError as e:
         raise TopologyError(f"{source}: {e}") from None

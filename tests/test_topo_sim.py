@@ -383,10 +383,19 @@ def test_ranks_that_do_not_forward_carry_only_what_needs_no_relay():
     assert ring.time_s == topo.simulate("ring", Topology.ring(8), 64 << 10).time_s
 
 
-def test_a_route_around_ranks_longer_than_the_shortest_is_refused_by_name():
-    """The simulator's router takes shortest paths: where only a longer one avoids other
-    ranks' nodes it says so rather than simulate the shorter one."""
-    rail = Topology.rail_optimized(2, 2).with_ranks_forward(False)
-    assert rail.route(0, 3) is not None  # host0.rank0 to host1.rank1, over the spine
-    with pytest.raises(TopologyError, match="by a route free of other ranks' nodes, but"):
-        topo.simulate(topo.builtin("alltoall", "pairwise", 4, count=4), rail)
+def test_where_ranks_do_not_forward_the_simulator_routes_around_them():
+    """Where the shortest route passes another rank's node and a longer one does not (a rail
+    network: over the spine rather than through a GPU of the same host), the simulator takes
+    the longer one, as the checker's routes do."""
+    rail = Topology.rail_optimized(2, 2)
+    direct = rail.with_ranks_forward(False)
+    ranks = {rail.graph.nodes[node][0] for node in rail.rank_nodes}
+    pairs = [(a, b, tag) for a in range(4) for b in range(4) for tag in range(4)]
+    # Where ranks forward, some equal-length routes pass through a GPU of the host ...
+    assert any(set(rail.route(a, b, tag)[1:-1]) & ranks for a, b, tag in pairs)
+    # ... and where they do not, none does, though every pair is still joined.
+    for a, b, tag in pairs:
+        assert not set(direct.route(a, b, tag)[1:-1]) & ranks, (a, b, tag)
+    alltoall = topo.builtin("alltoall", "pairwise", 4, count=4)
+    assert topo.check(alltoall, topology=direct).ok
+    assert topo.simulate(alltoall, direct, 1 << 20).time_s > 0

@@ -82,8 +82,8 @@ void bind_sim(py::module_& parent) {
 
   py::class_<sim::Network>(m, "Network", "Nodes, links and the ranks' nodes.")
       .def(py::init([](int nodes, std::vector<int> rank_nodes, const std::vector<LinkTuple>& ls,
-                       const std::vector<std::pair<int, double>>& pools,
-                       std::vector<int> rank_pool) {
+                       const std::vector<std::pair<int, double>>& pools, std::vector<int> rank_pool,
+                       bool ranks_forward) {
              std::vector<sim::Link> links;
              links.reserve(ls.size());
              for (const auto& [a, b, latency, bandwidth, duplex, burst] : ls) {
@@ -91,14 +91,17 @@ void bind_sim(py::module_& parent) {
              }
              std::vector<sim::CpuPool> cpus;
              for (const auto& [cores, s_per_b] : pools) cpus.push_back({cores, s_per_b});
-             return sim::Network(nodes, std::move(rank_nodes), std::move(links), std::move(cpus),
-                                 std::move(rank_pool));
+             sim::Network net(nodes, std::move(rank_nodes), std::move(links), std::move(cpus),
+                              std::move(rank_pool));
+             net.set_ranks_forward(ranks_forward);
+             return net;
            }),
            py::arg("nodes"), py::arg("rank_nodes"), py::arg("links"),
            py::arg("pools") = std::vector<std::pair<int, double>>{},
-           py::arg("rank_pool") = std::vector<int>{},
+           py::arg("rank_pool") = std::vector<int>{}, py::arg("ranks_forward") = true,
            "links: (a, b, latency_s, bandwidth in bytes/s, duplex, burst_bytes) tuples; pools: "
-           "(cores, s_per_b) CPU pools, rank_pool: each rank's pool index or -1 (or empty).")
+           "(cores, s_per_b) CPU pools, rank_pool: each rank's pool index or -1 (or empty); "
+           "ranks_forward=False: routes go around other ranks' nodes.")
       .def_property_readonly("ranks", &sim::Network::ranks)
       .def(
           "route",

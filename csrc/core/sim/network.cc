@@ -30,12 +30,14 @@ Network::Network(int nodes, std::vector<int> rank_nodes, std::vector<Link> links
                             std::to_string(static_cast<int>(pools_.size()) - 1));
     }
   }
+  rank_node_.assign(static_cast<size_t>(nodes), false);
   for (size_t r = 0; r < rank_nodes_.size(); ++r) {
     if (rank_nodes_[r] < 0 || rank_nodes_[r] >= nodes) {
       throw InvalidArgument("network: rank " + std::to_string(r) + " sits on node " +
                             std::to_string(rank_nodes_[r]) + ", outside 0.." +
                             std::to_string(nodes - 1));
     }
+    rank_node_[static_cast<size_t>(rank_nodes_[r])] = true;
   }
   std::vector<uint32_t> degree(nodes + 1, 0);
   for (size_t i = 0; i < links_.size(); ++i) {
@@ -100,6 +102,8 @@ bool Network::route(int from, int to, std::vector<Hop>& hops, int salt) const {
         const Hop h = adj_[start_[u] + (first + j) % deg];
         const int v = far_end(h);
         if (stamp_[side][v] == q) continue;
+        // A rank's node that may not relay is entered only as the far end.
+        if (!ranks_forward_ && rank_node_[static_cast<size_t>(v)] && v != ends[1 - side]) continue;
         stamp_[side][v] = q;
         via_[side][v] = h;
         depth_[side][v] = depth_[side][u] + 1;

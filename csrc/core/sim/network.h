@@ -59,12 +59,19 @@ class Network {
   // when no path joins them.
   bool route(int from, int to, std::vector<Hop>& hops, int salt = 0) const;
 
+  // Whether a rank's node passes on messages between others (true unless
+  // set): where not, routes go around other ranks' nodes, through switches
+  // and NICs only, as between GPUs joined by direct links.
+  void set_ranks_forward(bool forward) { ranks_forward_ = forward; }
+
  private:
   int nodes_;
   std::vector<int> rank_nodes_;
   std::vector<Link> links_;
   std::vector<CpuPool> pools_;
   std::vector<int> rank_pool_;
+  bool ranks_forward_ = true;
+  std::vector<bool> rank_node_;  // per node: whether a rank sits on it
   // Adjacency in CSR form: node u's neighbours are adj_[start_[u] .. start_[u+1]),
   // each a hop leaving u.
   std::vector<uint32_t> start_;

@@ -237,31 +237,20 @@ def _ranks_could_relay(topology: Topology) -> bool:
 
 
 def _refuse_relays(algo: Algorithm, topology: Topology) -> None:
-    """Raises for the first connection of ``algo`` that the simulator's router (shortest paths)
-    would carry through another rank's node, or has no route for."""
-    graph, network = topology.graph, topology.network()
+    """Raises for the first connection of ``algo`` that no route free of other ranks' nodes
+    carries, in the words ``check`` uses."""
     connections = set()
     for r, program in enumerate(algo.programs):
-        for c, channel in enumerate(program.channels):
-            tag = c if channel.tag is None else channel.tag
+        for channel in program.channels:
             for s in channel.steps:
                 if s.kind in ("fused", "exchange") and s.send is not None:
-                    connections.add((r, s.send, tag))
+                    connections.add((r, s.send))
                 if s.kind in ("fused", "exchange") and s.recv is not None:
-                    connections.add((s.recv, r, tag))
-    for src, dst, tag in sorted(connections):
-        hops = network.route(src, dst, tag)
-        if hops is not None and not graph.relays(hops):
-            continue
+                    connections.add((s.recv, r))
+    for src, dst in sorted(connections):
         fault = topology.route_fault(src, dst)
-        if fault is None:  # a route avoids the ranks, but the shortest, which it takes, does not
-            relays = ", ".join(graph.nodes[node][0] for node in graph.relays(hops))
-            fault = (
-                f"joins rank {src} to rank {dst} by a route free of other ranks' nodes, but the "
-                f"simulator takes the shortest route, through {relays}, and cannot yet take "
-                "the other"
-            )
-        raise TopologyError(f"simulate: {algo.name}: the topology ({topology.name}) {fault}")
+        if fault is not None:
+            raise TopologyError(f"simulate: {algo.name}: the topology ({topology.name}) {fault}")
 
 
 def _programs_of(algo: Algorithm, nbytes: int):

@@ -179,38 +179,30 @@ class Topology(_ClosedForm):
         return self.graph.ranks
 
     def network(self):
-        """The C++ network the simulator and the router use (built once)."""
-        return self.graph.network()
+        """The C++ network the simulator and the router use (built once): where ranks do not
+        forward, its routes go around other ranks' nodes."""
+        return self.graph.network(self.ranks_forward)
 
     def route(self, from_rank: int, to_rank: int, tag: int = 0) -> list[str] | None:
         """Node names along the route from one rank to another, or None when none joins them
         (``tag``: a channel's connection tag, which spreads equal routes as the hash does).
         Where ranks do not forward, only routes free of other ranks' nodes count."""
-        return self.graph.names(from_rank, self._hops(from_rank, to_rank, tag))
+        return self.graph.names(from_rank, self.network().route(from_rank, to_rank, tag))
 
     def route_links(
         self, from_rank: int, to_rank: int, tag: int = 0
     ) -> list[tuple[int, int]] | None:
         """(link index, direction) pairs of the route (direction 0 from link.a to link.b)."""
-        hops = self._hops(from_rank, to_rank, tag)
-        return None if hops is None else [(h >> 1, h & 1) for h in hops]
-
-    def _hops(self, from_rank: int, to_rank: int, tag: int) -> list[int] | None:
-        """The route as hops (link * 2 + direction): the router's shortest path, or where ranks
-        do not forward and that one passes through another rank's node, the shortest free of
-        them."""
         hops = self.network().route(from_rank, to_rank, tag)
-        if hops is None or self.ranks_forward or not self.graph.relays(hops):
-            return hops
-        return self.graph.route_around_ranks(from_rank, to_rank)
+        return None if hops is None else [(h >> 1, h & 1) for h in hops]
 
     def route_fault(self, from_rank: int, to_rank: int) -> str | None:
         """Why no route carries a message from one rank to another, or None: the words that
         ``check`` and ``simulate`` report, naming the ranks' nodes between where ranks do not
         forward and only such routes join the two."""
-        if self._hops(from_rank, to_rank, 0) is not None:
+        if self.network().route(from_rank, to_rank, 0) is not None:
             return None
-        hops = self.network().route(from_rank, to_rank, 0)
+        hops = self.graph.network(True).route(from_rank, to_rank, 0)
         if hops is None:
             return f"has no route from rank {from_rank} to rank {to_rank}"
         relays = [self.graph.nodes[node][0] for node in self.graph.relays(hops)]
@@ -612,9 +604,7 @@ class _Graph:
         self.ranks = ranks
         self.links = links
         self.cpus = list(cpus)
-        self._network = None
-        self._around_ranks = {}  # (from, to) rank pairs: routes free of other ranks' nodes
-        self._adjacency = None  # each node's hops out, for those searches
+        self._networks = {}  # by whether ranks forward
 
     def validate(self) -> None:
         n = len(self.nodes)
@@ -661,9 +651,9 @@ class _Graph:
             out.append(host)
         return out
 
-    def network(self):
-        if self._network is None:
-            self._network = _sim.Network(
+    def network(self, ranks_forward: bool = True):
+        if ranks_forward not in self._networks:
+            self._networks[ranks_forward] = _sim.Network(
                 len(self.nodes),
                 self.ranks,
                 [
@@ -672,8 +662,9 @@ class _Graph:
                 ],
                 [(pool.cores, pool.s_per_b) for pool in self.cpus],
                 self._rank_pools(),
+                ranks_forward,
             )
-        return self._network
+        return self._networks[ranks_forward]
 
     def names(self, from_rank: int, hops: list[int] | None) -> list[str] | None:
         """Node names along hops (link * 2 + direction) from a rank's node."""
@@ -686,46 +677,10 @@ class _Graph:
         return names
 
     def relays(self, hops: list[int]) -> list[int]:
-        """The rank nodes that hops pass through (not the ends)."""
+        """The ranks' nodes that hops pass through (not the ends)."""
         inner = [self.links[h >> 1].a if h & 1 else self.links[h >> 1].b for h in hops[:-1]]
-        return [node for node in inner if self.nodes[node][1] == "rank"]
-
-    def route_around_ranks(self, from_rank: int, to_rank: int) -> list[int] | None:
-        """The shortest route in hops whose nodes between are none of the ranks' (a
-        breadth-first search in link order, so the same every time), or None."""
-        key = (from_rank, to_rank)
-        if key not in self._around_ranks:
-            self._around_ranks[key] = self._search_around_ranks(*key)
-        return self._around_ranks[key]
-
-    def _search_around_ranks(self, from_rank: int, to_rank: int) -> list[int] | None:
-        if self._adjacency is None:
-            self._adjacency = [[] for _ in self.nodes]
-            for i, link in enumerate(self.links):
-                self._adjacency[link.a].append(2 * i)
-                self._adjacency[link.b].append(2 * i + 1)
-        s, t = self.ranks[from_rank], self.ranks[to_rank]
-        via = {s: None}
-        queue = deque([s])
-        while queue:
-            u = queue.popleft()
-            if u != s and self.nodes[u][1] == "rank":
-                continue  # reached, but it passes nothing on
-            for h in self._adjacency[u]:
-                link = self.links[h >> 1]
-                v = link.a if h & 1 else link.b
-                if v in via:
-                    continue
-                via[v] = h
-                if v == t:
-                    hops = []
-                    while via[v] is not None:
-                        hops.append(via[v])
-                        link = self.links[via[v] >> 1]
-                        v = link.b if via[v] & 1 else link.a
-                    return hops[::-1]
-                queue.append(v)
-        return None
+        ranks = set(self.ranks)
+        return [node for node in inner if node in ranks]
 
     def _rank_pools(self) -> list[int]:
         if not self.cpus:

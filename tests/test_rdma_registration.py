@@ -1,8 +1,9 @@
 """The registration cache over the verbs emulator (tests/verbs_emulator/): with On-Demand Paging
 (WEFT_VERBS_EMU_ODP=1) a buffer reduced every call is registered once, without it once per
-call; a buffer unmapped and mapped again at its address is reduced right either way; and
-WEFT_IB_ODP=1 on a device without ODP is refused with one clear error. The emulator counts
-ibv_reg_mr and ibv_dereg_mr calls (WEFT_VERBS_EMU_STATS)."""
+call; a buffer unmapped and mapped again at its address is reduced right either way; a device
+whose ODP does not cover RC writes registers without it; and WEFT_IB_ODP=1 where ODP cannot be
+used is refused with one clear error. The emulator counts ibv_reg_mr and ibv_dereg_mr calls
+(WEFT_VERBS_EMU_STATS)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,12 @@ def outcomes(stats_dir):
     env = emulated(**ODP, WEFT_CHANNELS="1", WEFT_VERBS_EMU_STATS=str(stats_dir / "odp_many"))
     worlds["odp_many"] = (scenario_many_buffers, 2, env, {}, 100)
     worlds["odp_required"] = (scenario_allreduces, 2, emulated(WEFT_IB_ODP="1"), {})
+    no_rc_write = {"WEFT_VERBS_EMU_ODP": "no_rc_write"}
+    (stats_dir / "no_rc_write").mkdir()
+    env = emulated(**no_rc_write, WEFT_VERBS_EMU_STATS=str(stats_dir / "no_rc_write"))
+    worlds["no_rc_write"] = (scenario_same_buffer, 2, env, {}, 2)
+    env = emulated(**no_rc_write, WEFT_IB_ODP="1")
+    worlds["no_rc_write_required"] = (scenario_allreduces, 2, env, {})
     worlds["odp_bad_value"] = (scenario_allreduces, 2, emulated(WEFT_IB_ODP="yes"), {})
     return run_worlds(worlds)
 
@@ -170,8 +177,23 @@ def test_odp_required_without_it_is_refused(outcomes):
     expect(
         outcomes["odp_required"],
         "InvalidArgument",
-        "WEFT_IB_ODP=1, but the device has no On-Demand Paging (ibv_reg_mr with "
-        "IBV_ACCESS_ON_DEMAND failed: Invalid argument)",
+        "WEFT_IB_ODP=1, but On-Demand Paging cannot be used: the device reports no ODP; unset "
+        "WEFT_IB_ODP or set it to auto or 0",
+    )
+
+
+@needs_emulator
+def test_odp_that_does_not_cover_rc_writes_is_not_used(outcomes, stats_dir):
+    """A device whose ODP covers RC sends but not RDMA writes (ibv_query_device_ex's
+    rc_odp_caps, though its ibv_reg_mr takes IBV_ACCESS_ON_DEMAND): auto registers without it,
+    and WEFT_IB_ODP=1 is refused naming what is missing."""
+    for s in registrations(outcomes, stats_dir, "no_rc_write"):
+        assert s["reg_mrs"] > 0 and s["reg_mrs_on_demand"] == 0, s
+    expect(
+        outcomes["no_rc_write_required"],
+        "InvalidArgument",
+        "On-Demand Paging cannot be used: the device's ODP does not cover RDMA writes on RC "
+        "queue pairs (rc_odp_caps 0xb)",
     )
 
 

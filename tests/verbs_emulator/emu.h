@@ -35,6 +35,7 @@ struct Config {
   long fatal_ms = -1;
   long timeout_cap_ms = 200;  // longest modeled transport timeout
   bool odp = false;           // the device has On-Demand Paging (IBV_ACCESS_ON_DEMAND)
+  uint32_t odp_rc_caps = 0;   // what ibv_query_device_ex says ODP covers on RC QPs
   std::string stats_dir;      // where each process writes its counters
   std::string socket_dir;     // where contexts listen
 };
@@ -201,7 +202,9 @@ struct Conn {
 };
 
 struct Context {
-  ibv_context base;
+  // Its `context` is the ibv_context callers see; the extended part carries query_device_ex,
+  // which verbs.h's inline ibv_query_device_ex calls through it.
+  verbs_context ext;
   Endpoint self;
   std::string socket_path;
   int listen_fd = -1;
@@ -226,7 +229,10 @@ struct Context {
   int async_waiters = 0;
 };
 
-inline Context* ctx_of(ibv_context* c) { return reinterpret_cast<Context*>(c); }
+// `ext` is Context's first member.
+inline Context* ctx_of(ibv_context* c) {
+  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+}
 inline Qp* qp_of(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 inline Cq* cq_of(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 

@@ -75,7 +75,19 @@ Config load() {
   }
   if (const char* t = std::getenv("WEFT_VERBS_EMU_TIMEOUT_MS")) c.timeout_cap_ms = std::atol(t);
   if (const char* s = std::getenv("WEFT_VERBS_EMU_STATS")) c.stats_dir = s;
-  if (const char* odp = std::getenv("WEFT_VERBS_EMU_ODP")) c.odp = std::strcmp(odp, "1") == 0;
+  if (const char* odp = std::getenv("WEFT_VERBS_EMU_ODP")) {
+    constexpr uint32_t kRc =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
+    if (std::strcmp(odp, "1") == 0) {
+      c.odp = true;
+      c.odp_rc_caps = kRc;
+    } else if (std::strcmp(odp, "no_rc_write") == 0) {
+      c.odp = true;
+      c.odp_rc_caps = kRc & ~IBV_ODP_SUPPORT_WRITE;
+    } else if (std::strcmp(odp, "0") != 0) {
+      complain("WEFT_VERBS_EMU_ODP: unknown value '%s' (ignored); known: 0, 1, no_rc_write", odp);
+    }
+  }
   const char* dir = std::getenv("WEFT_VERBS_EMU_DIR");
   c.socket_dir = dir && *dir ? dir : "/tmp/weft-verbs-emu";
   return c;

@@ -58,6 +58,20 @@ ibv_mw* unsupported_alloc_mw(ibv_pd*, ibv_mw_type) { return fail<ibv_mw>(EOPNOTS
 int unsupported_bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*) { return EOPNOTSUPP; }
 int unsupported_dealloc_mw(ibv_mw*) { return EOPNOTSUPP; }
 
+// verbs_context's query_device_ex: the basic attributes, and On-Demand Paging as configured.
+int query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,
+                    ibv_device_attr_ex* attr, size_t attr_size) {
+  if ((input && input->comp_mask != 0) || attr_size < sizeof *attr) return EINVAL;
+  std::memset(attr, 0, attr_size);
+  const int err = ibv_query_device(context, &attr->orig_attr);
+  if (err != 0) return err;
+  if (config().odp) {
+    attr->odp_caps.general_caps = IBV_ODP_SUPPORT;
+    attr->odp_caps.per_transport_caps.rc_odp_caps = config().odp_rc_caps;
+  }
+  return 0;
+}
+
 // Removes the sockets of processes that died without closing their devices: no such process,
 // and nobody listening.
 void remove_stale_sockets(const std::string& dir) {
@@ -225,8 +239,11 @@ EMU_API const char* ibv_get_device_name(struct ibv_device* device) { return devi
 EMU_API struct ibv_context* ibv_open_device(struct ibv_device* device) {
   if (device != the_device()) return fail<ibv_context>(ENODEV);
   auto* ctx = new Context;
-  std::memset(&ctx->base, 0, sizeof ctx->base);
-  ibv_context& b = ctx->base;
+  std::memset(&ctx->ext, 0, sizeof ctx->ext);
+  ctx->ext.sz = sizeof ctx->ext;
+  ctx->ext.query_device_ex = query_device_ex;
+  ibv_context& b = ctx->ext.context;
+  b.abi_compat = __VERBS_ABI_IS_EXTENDED;
   b.device = device;
   b.ops.post_send = post_send;
   b.ops.post_recv = post_recv;
@@ -254,7 +271,7 @@ EMU_API struct ibv_context* ibv_open_device(struct ibv_device* device) {
   if (config().fatal_ms >= 0)
     ctx->fatal_at = Clock::now() + std::chrono::milliseconds(config().fatal_ms);
   ctx->progress = std::thread(progress_main, ctx);
-  return &ctx->base;
+  return &ctx->ext.context;
 }
 
 EMU_API int ibv_close_device(struct ibv_context* context) {
@@ -680,7 +697,7 @@ void push_async(Context* ctx, const ibv_async_event& ev) {
   std::lock_guard<std::mutex> lk(ctx->async_mu);
   ctx->events.push_back(ev);
   const uint64_t one = 1;
-  if (::write(ctx->base.async_fd, &one, sizeof one) != sizeof one)
+  if (::write(ctx->ext.context.async_fd, &one, sizeof one) != sizeof one)
     complain("async_fd write: %s", std::strerror(errno));
   ctx->async_cv.notify_all();
 }

@@ -4,11 +4,13 @@
 // first IPv4-mapped GID whose sysfs type is RoCE v2 (routable, what NCCL
 // picks by default), else the first IPv4-mapped one, else 0.
 //
-// On-Demand Paging (WEFT_IB_ODP=auto, the default): used where the
-// protection domain takes a one-page registration with IBV_ACCESS_ON_DEMAND
-// (a device without ODP refuses it, EINVAL or EOPNOTSUPP). Its registrations
-// pin nothing and stay right whatever becomes of the memory under them, so
-// the registration cache keeps them between messages.
+// On-Demand Paging (WEFT_IB_ODP=auto, the default): used where the device
+// says (ibv_query_device_ex) that its ODP covers RC queue pairs' sends and
+// RDMA writes (a requester gathers from ODP memory, a responder places into
+// it), and its protection domain then takes a one-page registration with
+// IBV_ACCESS_ON_DEMAND. Its registrations pin nothing and stay right whatever
+// becomes of the memory under them, so the registration cache keeps them
+// between messages.
 #include "core/transport/rdma/ibverbs/ib_device.h"
 
 #include <sys/mman.h>
@@ -18,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -66,10 +69,41 @@ std::string gid_text(const ibv_gid& gid) {
   return s;
 }
 
+std::string hex(uint32_t v) {
+  std::ostringstream s;
+  s << std::hex << v;
+  return s.str();
+}
+
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
-// Empty when `pd` takes an On-Demand Paging registration, else why not.
-std::string odp_refused(ibv_pd* pd) {
+// Empty when the device says its On-Demand Paging covers what weft does on RC
+// queue pairs, else why not. verbs.h's ibv_query_device_ex is inline and
+// falls back to the exported ibv_query_device, which is not linked (it is
+// loaded), so the context's op is called directly.
+std::string odp_caps_lacking(ibv_context* context) {
+  verbs_context* ext = verbs_get_ctx_op(context, query_device_ex);
+  if (!ext) return "the device does not answer ibv_query_device_ex";
+  ibv_device_attr_ex attr{};
+  const int err = ext->query_device_ex(context, nullptr, &attr, sizeof attr);
+  if (err != 0) return std::string("ibv_query_device_ex failed: ") + std::strerror(err);
+  if (!(attr.odp_caps.general_caps & IBV_ODP_SUPPORT)) return "the device reports no ODP";
+  constexpr uint32_t kNeeded = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE;
+  const uint32_t rc = attr.odp_caps.per_transport_caps.rc_odp_caps;
+  if ((rc & kNeeded) == kNeeded) return "";
+  std::string missing;
+  if (!(rc & IBV_ODP_SUPPORT_SEND)) missing = "sends";
+  if (!(rc & IBV_ODP_SUPPORT_WRITE))
+    missing += missing.empty() ? "RDMA writes" : " and RDMA writes";
+  return "the device's ODP does not cover " + missing + " on RC queue pairs (rc_odp_caps 0x" +
+         hex(rc) + ")";
+}
+
+// Empty when the device's ODP covers weft's use and `pd` takes an ODP
+// registration, else why not.
+std::string odp_refused(ibv_context* context, ibv_pd* pd) {
+  const std::string lacking = odp_caps_lacking(context);
+  if (!lacking.empty()) return lacking;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   void* probe = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (probe == MAP_FAILED) return std::string("mmap of a page failed: ") + std::strerror(errno);
@@ -176,10 +210,10 @@ IbDevice::IbDevice(int rank) {
   }
   pd_ = lib.alloc_pd(context_);
   if (!pd_) fail("ibv_alloc_pd failed");
-  const std::string refused = cfg.ib_odp == IbOdp::Off ? "" : odp_refused(pd_);
+  const std::string refused = cfg.ib_odp == IbOdp::Off ? "" : odp_refused(context_, pd_);
   if (cfg.ib_odp == IbOdp::Required && !refused.empty()) {
-    fail("WEFT_IB_ODP=1, but the device has no On-Demand Paging (" + refused +
-         "); unset WEFT_IB_ODP or set it to auto or 0");
+    fail("WEFT_IB_ODP=1, but On-Demand Paging cannot be used: " + refused +
+         "; unset WEFT_IB_ODP or set it to auto or 0");
   }
   odp_ = cfg.ib_odp != IbOdp::Off && refused.empty();
   WEFT_LOG(Info, rank,

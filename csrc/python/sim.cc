@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "core/common/error.h"
 #include "core/sim/simulator.h"
@@ -162,7 +164,15 @@ void bind_sim(py::module_& parent) {
           py::arg("hosts") = std::vector<int>{}, py::arg("channels") = 2,
           "Adds every rank's Plan of a built-in family (build_plan, as weft._C.topo.plan, for "
           "`channels` connection sets per peer); returns the Plan's algorithm name.")
-      .def_property_readonly("total_steps", &sim::Programs::total_steps);
+      .def_property_readonly("total_steps", &sim::Programs::total_steps)
+      .def_property_readonly(
+          "connections",
+          [](const sim::Programs& p) {
+            std::set<std::pair<int, int>> pairs;
+            for (const sim::ConnKey& k : p.conns()) pairs.emplace(k.src, k.dst);
+            return std::vector<std::pair<int, int>>(pairs.begin(), pairs.end());
+          },
+          "Every (sending rank, receiving rank) pair some step sends over, sorted.");
 
   m.def(
       "simulate",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from weft._C import sim as _sim
 from weft.topo.algorithm import Algorithm, AlgorithmError
-from weft.topo.builtin import FAMILIES, TUNED, builtin
+from weft.topo.builtin import FAMILIES, TUNED
 from weft.topo.topology import Topology, TopologyError
 
 # nccl-tests' bus bandwidth factors, with n the bytes each rank contributes (allgather's block).
@@ -135,8 +135,6 @@ def simulate(
         own = nbytes is None
         if own:
             nbytes = algo.count * algo.elem_size
-        if _ranks_could_relay(topology):
-            _refuse_relays(algo, topology)
         programs = _programs_of(algo, nbytes)
         name = algo.name
         slice_bytes = slice_bytes or (algo.slot_bytes if own else topology.slice_bytes)
@@ -151,23 +149,10 @@ def simulate(
         name, programs = _builtin(
             algo, collective, topology, nbytes, in_place, root, elem_size, step_bytes, channels
         )
-        if _ranks_could_relay(topology):  # its connections, read from the same Plans
-            planned = builtin(
-                collective,
-                algo,
-                p,
-                count=nbytes // elem_size,
-                root=root,
-                in_place=in_place,
-                hosts=topology.graph.rank_hosts(),
-                elem_size=elem_size,
-                slot_bytes=slice_bytes,
-                slots=slots,
-                channels=channels,
-            )
-            _refuse_relays(planned, topology)
     else:
         raise TypeError(f"simulate takes an Algorithm or a family name, got {type(algo).__name__}")
+    if _ranks_could_relay(topology):
+        _refuse_relays(name, programs, topology)
     topology = topology.at_buffer(nbytes)  # a calibrated topology's links at this size
     gamma = topology.gamma_s_per_b if gamma_s_per_b is None else gamma_s_per_b
     raw = _sim.simulate(
@@ -236,21 +221,13 @@ def _ranks_could_relay(topology: Topology) -> bool:
     return any(degree[node] >= 2 for node in topology.rank_nodes)
 
 
-def _refuse_relays(algo: Algorithm, topology: Topology) -> None:
-    """Raises for the first connection of ``algo`` that no route free of other ranks' nodes
+def _refuse_relays(name: str, programs, topology: Topology) -> None:
+    """Raises for the first connection of ``programs`` that no route free of other ranks' nodes
     carries, in the words ``check`` uses."""
-    connections = set()
-    for r, program in enumerate(algo.programs):
-        for channel in program.channels:
-            for s in channel.steps:
-                if s.kind in ("fused", "exchange") and s.send is not None:
-                    connections.add((r, s.send))
-                if s.kind in ("fused", "exchange") and s.recv is not None:
-                    connections.add((s.recv, r))
-    for src, dst in sorted(connections):
+    for src, dst in programs.connections:
         fault = topology.route_fault(src, dst)
         if fault is not None:
-            raise TopologyError(f"simulate: {algo.name}: the topology ({topology.name}) {fault}")
+            raise TopologyError(f"simulate: {name}: the topology ({topology.name}) {fault}")
 
 
 def _programs_of(algo: Algorithm, nbytes: int):

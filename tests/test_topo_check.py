@@ -10,8 +10,9 @@ import time
 
 import pytest
 from weft import topo
+from weft._C.topo import Topology as Shape
 from weft.topo import Span, Step
-from weft.topo.builtin import TUNED, host_layout, world_of
+from weft.topo.builtin import TUNED, host_layout
 from weft.topo.check import MODELLED_ELEMENTS
 
 WORLDS = range(1, 34)
@@ -44,7 +45,7 @@ def test_every_builtin_passes_the_checker_on_1_to_33_ranks(collective):
     for family in topo.FAMILIES[collective]:
         for ranks in WORLDS:
             hosts = 2 if family == "hier" and ranks % 2 == 0 else None
-            world = world_of(host_layout(ranks, hosts))
+            world = Shape.of_hosts(host_layout(ranks, hosts))
             if collective in TUNED and family not in topo.algorithms_for(collective, world):
                 continue
             for options in variants(collective, family, ranks, hosts):

@@ -216,6 +216,13 @@ def test_bad_input_is_refused_clearly():
         )
     with pytest.raises(ValueError, match="whole number"):
         topo.simulate("ring", ring(4), 1023)
+    # As topo.builtin says it: the same check makes both.
+    for run in (
+        lambda: topo.simulate("rhd", ring(3), 1200, collective="allgather"),
+        lambda: topo.builtin("allgather", "rhd", 3),
+    ):
+        with pytest.raises(ValueError, match="allgather has no rhd form on 3 ranks over . host"):
+            run()
     with pytest.raises(TypeError):
         topo.simulate(3, ring(4), 1024)
 

@@ -426,23 +426,13 @@ void Communicator::agree_on_sizes() {
 
 void Communicator::learn_topology() {
   std::vector<std::string> hosts;
-  std::map<std::string, int> ranks_on;
   for (int r = 0; r < size_; ++r) {
     const std::string& id = mesh_->peer(r).host_id;
     auto at = std::find(hosts.begin(), hosts.end(), id);
     host_of_rank_.push_back(static_cast<int>(at - hosts.begin()));
     if (at == hosts.end()) hosts.push_back(id);
-    ++ranks_on[id];
   }
-  topology_.size = size_;
-  topology_.hosts = static_cast<int>(hosts.size());
-  topology_.ranks_per_host = ranks_on.begin()->second;
-  for (const auto& entry : ranks_on) {
-    if (entry.second != topology_.ranks_per_host) topology_.ranks_per_host = 0;
-  }
-  for (int r = 0; r < size_ && topology_.ranks_per_host > 0; ++r) {
-    if (host_of_rank_[r] != r / topology_.ranks_per_host) topology_.ranks_by_host = false;
-  }
+  topology_ = topology_of_hosts(host_of_rank_);
   const auto ranks_on_cpus = ranks_by_cpus(*mesh_);
   const std::vector<int>& sharing = ranks_on_cpus.at(mesh_->peer(rank_).cpus);
   const auto index = std::find(sharing.begin(), sharing.end(), rank_) - sharing.begin();

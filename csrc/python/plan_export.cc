@@ -2,14 +2,17 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "core/algo/algorithms.h"
 #include "core/common/error.h"
+#include "core/tune/cost_model.h"
 
 namespace py = pybind11;
 
@@ -111,6 +114,26 @@ int import_peer(const py::dict& d, const char* key, const std::string& where) {
   return peer;
 }
 
+// A family named for a collective whose families depend on the world must
+// have a form on this one (rhd's allgather, say, needs a power of two).
+void check_family_fits(const PlanRequest& q, const std::vector<int>& hosts) {
+  static const char* const kTuned[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                       "reduce"};
+  if (q.algorithm == "auto" ||
+      std::find(std::begin(kTuned), std::end(kTuned), q.collective) == std::end(kTuned)) {
+    return;
+  }
+  const Collective c = parse_collective(q.collective);
+  const Topology world = topology_of_hosts(hosts);
+  const std::vector<Algorithm> fit = algorithms_for(c, world);
+  if (std::find(fit.begin(), fit.end(), parse_algorithm(q.algorithm)) != fit.end()) return;
+  std::string names;
+  for (Algorithm a : fit) names += (names.empty() ? "" : ", ") + std::string(to_string(a));
+  throw InvalidArgument(q.collective + " has no " + q.algorithm + " form on " +
+                        std::to_string(q.size) + " ranks over " + std::to_string(world.hosts) +
+                        " host(s): use one of " + names);
+}
+
 }  // namespace
 
 Plan import_plan(const py::dict& d) {
@@ -183,6 +206,7 @@ PlanContext plan_context(const PlanRequest& q) {
   if (q.elem_size == 0 || q.max_step_bytes == 0) {
     throw InvalidArgument("plan: elem_size and max_step_bytes must be positive");
   }
+  check_family_fits(q, hosts);
   return PlanContext{q.rank,           q.size,           q.elem_size,
                      q.max_step_bytes, std::move(hosts), q.buffered_sends,
                      q.shared_cpu,     q.channels,       nullptr};

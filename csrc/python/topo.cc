@@ -108,7 +108,18 @@ void bind_topo(py::module_& parent) {
       .def_readwrite("any_tcp", &Topology::any_tcp)
       .def_readwrite("ranks_by_host", &Topology::ranks_by_host)
       .def_readwrite("step_bytes", &Topology::step_bytes)
-      .def_readwrite("slice_bytes", &Topology::slice_bytes);
+      .def_readwrite("slice_bytes", &Topology::slice_bytes)
+      .def_static(
+          "of_hosts",
+          [](const std::vector<int>& host_of_rank) {
+            if (host_of_rank.empty()) throw InvalidArgument("Topology.of_hosts needs a rank");
+            Topology topology = topology_of_hosts(host_of_rank);
+            topology.any_tcp = topology.hosts > 1;
+            return topology;
+          },
+          py::arg("host_of_rank"),
+          "The shape of the world whose rank r lies on host host_of_rank[r] (any numbering), as "
+          "a communicator sees its own.");
 
   m.def(
       "algorithms_for",

@@ -162,6 +162,29 @@ CostModel load_cost_model(const std::string& path) {
   return m;
 }
 
+Topology topology_of_hosts(const std::vector<int>& host_of_rank) {
+  Topology topo;
+  topo.size = static_cast<int>(host_of_rank.size());
+  std::map<int, int> first_rank_of, ranks_on;
+  for (int r = 0; r < topo.size; ++r) {
+    first_rank_of.emplace(host_of_rank[r], r);
+    ++ranks_on[host_of_rank[r]];
+  }
+  topo.hosts = static_cast<int>(ranks_on.size());
+  topo.ranks_per_host = ranks_on.empty() ? 1 : ranks_on.begin()->second;
+  for (const auto& [host, ranks] : ranks_on) {
+    if (ranks != topo.ranks_per_host) topo.ranks_per_host = 0;
+  }
+  // By host: each host's ranks a block of consecutive ranks.
+  for (int r = 0; r < topo.size && topo.ranks_per_host > 0; ++r) {
+    const int first = first_rank_of[host_of_rank[r]];
+    if (first % topo.ranks_per_host != 0 || r - first >= topo.ranks_per_host) {
+      topo.ranks_by_host = false;
+    }
+  }
+  return topo;
+}
+
 std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo) {
   std::vector<Algorithm> out;
   for (Algorithm a : kAllFamilies) {

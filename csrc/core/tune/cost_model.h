@@ -80,6 +80,10 @@ struct Topology {
   size_t slice_bytes = 256 << 10;
 };
 
+// The shape of the world whose rank r lies on host host_of_rank[r] (any
+// numbering: hosts are told apart, not ordered); the other fields as defaults.
+Topology topology_of_hosts(const std::vector<int>& host_of_rank);
+
 // The families that implement `c` on `topo` (hier needs several hosts with
 // equal rank counts).
 std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo);

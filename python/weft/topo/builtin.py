@@ -8,9 +8,6 @@ True
 
 from __future__ import annotations
 
-from collections import Counter
-
-from weft._C.topo import Topology, algorithms_for
 from weft._C.topo import plan as _plan
 from weft.topo.algorithm import Algorithm, Channel, RankProgram, Span, Step
 
@@ -30,17 +27,6 @@ FAMILIES = {
 
 # The collectives whose families depend on the world (the others have one Plan each).
 TUNED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
-
-
-def world_of(layout: list[int]) -> Topology:
-    """The cost model's view of a host layout: hosts, and ranks per host where all are equal."""
-    per_host = set(Counter(layout).values())
-    return Topology(
-        size=len(layout),
-        hosts=len(set(layout)),
-        ranks_per_host=per_host.pop() if len(per_host) == 1 else 0,
-        ranks_by_host=layout == sorted(layout),
-    )
 
 
 def host_layout(ranks: int, hosts) -> list[int]:
@@ -85,11 +71,6 @@ def builtin(
             f"{collective} has no family {family!r}: use one of {', '.join(FAMILIES[collective])}"
         )
     layout = host_layout(ranks, hosts)
-    if collective in TUNED and family not in algorithms_for(collective, world_of(layout)):
-        raise ValueError(
-            f"{collective} has no {family} form on {ranks} ranks over {len(set(layout))} host(s): "
-            f"use one of {', '.join(algorithms_for(collective, world_of(layout)))}"
-        )
     programs = []
     name = family
     for rank in range(ranks):

@@ -523,3 +523,92 @@ def test_channels_make_variants_of_one_launch(tmp_path):
     bench("--algo", "tree", "--channels", "1,2", "--transport", "shm", *QUICK, f"--json={out}")
     names = {r["system"] for r in json.loads(out.read_text())["results"]}
     assert names == {"weft-shm[tree,1ch]", "weft-shm[tree,2ch]"}
+
+
+def rooted_files(tmp_path) -> dict:
+    """MSCCL files on 3 ranks: a broadcast from rank 1 (out of place and in place), an
+    in-place reduce into rank 1 that leaves its root open (rank 0 writes its buffer too), a
+    reduce into rank 2 and an allreduce; and a JSON broadcast from rank 2."""
+    from test_topo_msccl import chain_reduce_xml, open_root_reduce_xml, ring_xml, tree_broadcast_xml
+    from weft import topo
+
+    texts = {
+        "bcast": tree_broadcast_xml(3, 1),
+        "bcast_in_place": tree_broadcast_xml(3, 1, in_place=True),
+        "open": open_root_reduce_xml(3),
+        "reduce": chain_reduce_xml(3, 2),
+        "ring": ring_xml(3),
+    }
+    paths = {name: tmp_path / f"{name}.xml" for name in texts}
+    for name, text in texts.items():
+        paths[name].write_text(text)
+    paths["plan"] = tmp_path / "bcast.json"
+    topo.builtin("broadcast", "tree", 3, root=2, count=3).save(paths["plan"])
+    return {name: str(path) for name, path in paths.items()}
+
+
+def test_a_rooted_file_sets_the_runs_root_and_r_must_match_it(tmp_path, monkeypatch):
+    """A broadcast's or reduce's --msccl or --plan file is for one root: without -r every
+    system measures at it; -r must name it (an in-place reduce that leaves its root open is
+    loaded with -r's, and refused without); files for two roots are refused."""
+    from weft.bench import cli, lineup
+
+    f = rooted_files(tmp_path)
+
+    def roots(*argv):
+        args = cli.parse_args(list(argv))
+        files = lineup.algorithm_files(args.plan, args.msccl, args.root)
+        return lineup.run_root(args.root, files), [spec["root"] for spec in files]
+
+    assert roots() == (0, []) and roots("-r", "2") == (2, [])
+    assert roots("--msccl", f["bcast"], "--msccl", f["ring"]) == (1, [1, None])
+    assert roots("--msccl", f["bcast"], "-r", "1") == (1, [1])
+    assert roots("--msccl", f["open"], "-r", "0") == (0, [0])
+    assert roots("--plan", f["plan"]) == (2, [None])
+    for argv, message in (
+        (
+            ["--msccl", f["bcast"], "-r", "2"],
+            "tree_bcast3 is for root 1, but -r 2 was given: leave",
+        ),
+        (["--plan", f["plan"], "-r", "1"], "tree is for root 2, but -r 1 was given"),
+        (["--msccl", f["open"]], "the in-place reduce's root is ambiguous: give root= \\(-r R\\)"),
+        (["--msccl", f["open"], "-r", "2"], "root=2 contradicts the program: rank 2 never writes"),
+        (["--msccl", f["bcast"], "--msccl", f["reduce"]], "for different roots .* a run measures"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            roots(*argv)
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit, match="is for root 1, but -r 0 was given"):
+        cli.main(["--msccl", f["bcast"], "-r", "0"])  # refused before anything launches
+
+
+def case_measure_at_root(ctx, path: str, root: int, spec_root: int) -> tuple:
+    """The file's WeftAlgorithm (loaded with ``spec_root``) measured at ``root`` with -c as
+    weft-bench measures it: ((op, in place, #wrong) per record, notes, refusals)."""
+    from weft.bench.systems import WeftAlgorithm
+    from weft.bench.timing import run_plan
+
+    name = ctx.fresh_name("bench-rooted")
+    spec = {"path": path, "format": "msccl", "name": name, "root": spec_root}
+    system = WeftAlgorithm(ctx.rank, ctx.size, ctx.store, spec)
+    op = "broadcast" if system.algo.collective == "broadcast" else "reduce"
+    plan = {"sizes": [48], "dtype": "float", "iters": 1, "rounds": 1, "warmup": 0}
+    plan.update(check=True, root=root, ops=[op])
+    out = run_plan({name: (system, [op])}, plan, ctx.rank, ctx.size, lambda: None)[name]
+    records = [(r["op"], r["in_place"], r["wrong"]) for r in out["records"]]
+    return records, out["unsupported"], out["refused"]
+
+
+def test_rooted_msccl_files_are_measured_at_their_root(tmp_path, pools):
+    """A broadcast (out of place or in place: weft's has no input, so the bench's one buffer
+    serves both) and an open-root reduce loaded with its -r run right at that root; at another
+    root the file's system measures nothing and says why."""
+    f = rooted_files(tmp_path)
+    pool = pools.get(3, "shm")
+    for path, root in ((f["bcast"], 1), (f["bcast_in_place"], 1), (f["open"], 1)):
+        op = "reduce" if path == f["open"] else "broadcast"
+        for records, _, refused in pool.run(case_measure_at_root, path, root, root):
+            assert records == [(op, True, 0)] and not refused, (path, records, refused)
+    for records, notes, _ in pool.run(case_measure_at_root, f["bcast"], 0, 1):
+        assert records == [] and notes == ["tree_bcast3 is for root 1, not 0"], notes

@@ -97,3 +97,30 @@ class NoStore:
 def test_the_core_api_refuses_file():
     with pytest.raises(weft.InvalidArgument, match="topo.run"):
         weft.Communicator(NoStore(), 0, 1, algo="file:x")
+
+
+def test_a_file_that_leaves_its_root_open_runs_with_the_calls_root(tmp_path, caplog):
+    """An in-place MSCCL reduce that several ranks write is loaded with each of them as root,
+    and a call runs the one of its root (checked: a root the sums only pass through fails the
+    checker, saying so); a call with a root none of them is takes weft's own choice, saying
+    why, as a call does with another root than a file's own."""
+    from test_topo_msccl import chain_reduce_xml, open_root_reduce_xml
+    from weft.topo import file_algo
+
+    path = tmp_path / "open.xml"
+    path.write_text(open_root_reduce_xml(5))
+    algos = file_algo.load_algorithms(f"file:{path}")
+    assert {root: algo.root for root, algo in algos.items()} == {0: 0, 1: 1, 2: 2, 3: 3}
+    source = file_algo.PlanSource(algos, rank=3)
+    connections = (1 << 18, 8)  # slot_bytes, slots
+    assert source(8, 4, 3, True, False, *connections)["steps"]
+    caplog.set_level("INFO", logger="weft")
+    assert source(8, 4, 4, True, False, *connections) is None
+    assert "reduce of 8 elements takes weft's own choice: its root is 0, 1, 2 or 3" in caplog.text
+    with pytest.raises(topo.AlgorithmError, match="fails the checker at 8 elements with root 1"):
+        source(8, 4, 1, True, False, *connections)
+    path.write_text(chain_reduce_xml(5, 3, in_place=True))
+    named = file_algo.PlanSource(file_algo.load_algorithms(f"file:{path}"), rank=3)
+    assert list(named.algos) == [3]
+    assert named(8, 4, 2, True, False, *connections) is None
+    assert "takes weft's own choice: its root is 3" in caplog.text

@@ -204,6 +204,12 @@ def chain_reduce_xml(ranks: int, root: int, in_place: bool = False, chunks: int 
     return algo_xml(header, gpus)
 
 
+def open_root_reduce_xml(ranks: int) -> str:
+    """An in-place chain reduce into rank ranks - 2 whose ranks on the way keep their partial
+    sums in their buffer (rrcs): all but the chain's first write it, so any could be the root."""
+    return chain_reduce_xml(ranks, ranks - 2, in_place=True).replace('type="rrs"', 'type="rrcs"')
+
+
 def load(tmp_path, text: str, **options) -> topo.Algorithm:
     path = tmp_path / "algo.xml"
     path.write_text(text)
@@ -537,3 +543,45 @@ def test_a_dependency_msccls_runtime_never_signals_is_refused(tmp_path):
         load(tmp_path, allpairs_xml(3).replace('hasdep="1"', 'hasdep="yes"', 1))
     with pytest.raises(topo.AlgorithmError, match="depends on step 9 of thread block 0, which has"):
         load(tmp_path, allpairs_xml(3).replace('deps="1"', 'deps="9"', 1))
+
+
+def test_the_command_line_takes_a_root(tmp_path, capsys):
+    """--root on check, simulate and draw: an MSCCL file's root is checked against it and an
+    in-place reduce that leaves its root open is loaded with it (without, AmbiguousRoot names
+    the ranks); a collective without a root refuses it in load_msccl's words; a JSON file's
+    root is checked; a family is planned for it."""
+    from weft.topo.__main__ import main
+    from weft.topo.msccl import AmbiguousRoot
+
+    files = {
+        "open.xml": open_root_reduce_xml(5),
+        "bcast.xml": tree_broadcast_xml(5, 2),
+        "ring.xml": ring_xml(5),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    open_root, bcast, ring = (str(tmp_path / name) for name in files)
+    with pytest.raises(AmbiguousRoot) as refused:
+        topo.load_msccl(open_root)
+    assert refused.value.roots == [0, 1, 2, 3]
+    assert main(["check", open_root]) == 1
+    assert "root is ambiguous: give root= (--root R)" in capsys.readouterr().out
+    assert main(["check", open_root, "--root", "3"]) == 0
+    assert f"{open_root}: chain_reduce5 on 5 ranks: ok" in capsys.readouterr().out
+    assert main(["check", bcast, "--root", "1"]) == 1
+    assert "<algo>: root=1 contradicts the program: rank 1 never reads" in capsys.readouterr().out
+    assert main(["check", ring, "--root", "0"]) == 1
+    assert "<algo>: root=0 was given, but allreduce has no root" in capsys.readouterr().out
+    saved = tmp_path / "bcast.json"
+    topo.builtin("broadcast", "tree", 5, root=2, count=3).save(saved)
+    assert main(["check", str(saved), "--root", "2"]) == 0
+    assert main(["check", str(saved), "--root", "1"]) == 1
+    assert "top level: root=1 was given, but the file's root is 2" in capsys.readouterr().out
+    assert main(["simulate", open_root, "--root", "3", "--topology", "ring:5"]) == 0
+    assert main(["simulate", open_root, "--topology", "ring:5"]) == 1
+    assert "give root= (--root R)" in capsys.readouterr().err
+    family = ["simulate", "tree", "--collective", "broadcast", "--topology", "switch:5"]
+    assert main([*family, "--bytes", "4K", "--root", "3"]) == 0
+    with pytest.raises(SystemExit):
+        main(["draw", "topology", "ring:5", "--root", "1", "-o", str(tmp_path / "t.png")])
+    assert "--root is for draw timeline" in capsys.readouterr().err

@@ -21,6 +21,20 @@ def test_builders_work_with_defaults_in_one_call():
     assert Topology.rail_optimized().size == 32
     kinds = {k for _, k, _ in hosts.nodes}
     assert kinds == {"rank", "nic", "switch"}
+    # Every builder takes ranks_forward: the same network, whose ranks pass on nothing.
+    for build in (
+        lambda **kw: Topology.ring(4096, **kw),
+        lambda **kw: Topology.fully_connected(7, **kw),
+        lambda **kw: Topology.switch(5, **kw),
+        lambda **kw: Topology.torus((32, 32), **kw),
+        lambda **kw: Topology.hosts(4, 8, **kw),
+        lambda **kw: Topology.fat_tree(**kw),
+        lambda **kw: Topology.rail_optimized(**kw),
+        lambda **kw: Topology.from_cost_model(**kw),
+    ):
+        direct, forwarding = build(ranks_forward=False), build()
+        assert (direct.ranks_forward, forwarding.ranks_forward) == (False, True)
+        assert direct.links == forwarding.links and direct.name == forwarding.name
 
 
 def test_routes_are_shortest_and_deterministic():
@@ -91,6 +105,11 @@ def test_json_round_trip(tmp_path):
         Topology.fat_tree(8, per_leaf=4),
         buckets,
         Topology.ring(5, ranks_forward=False),
+        Topology.switch(3, ranks_forward=False),
+        Topology.fat_tree(8, per_leaf=4, ranks_forward=False),
+        Topology.hosts(2, 3, ranks_forward=False),
+        Topology.rail_optimized(2, 2, ranks_forward=False),
+        Topology.from_cost_model(None, 2, 2, ranks_forward=False),
     ):
         path = tmp_path / "t.json"
         t.save(path)
@@ -161,6 +180,11 @@ def test_calibration_from_a_cost_model(tmp_path):
     t = Topology.from_cost_model(model, 2, 2)
     assert end_to_end(t, 0, 3) == pytest.approx((40e-6, 1e9))
     assert end_to_end(t.at_buffer(1 << 30), 0, 3) == pytest.approx((40e-6, 0.5e9))
+    assert (
+        not Topology.from_cost_model(model, 2, 2, ranks_forward=False)
+        .at_buffer(1 << 30)
+        .ranks_forward
+    )
     slow = topo.CostModel()
     slow.shm, slow.tcp, slow.gamma_s_per_b = model.shm, topo.LinkCost(40e-6, 1 / 0.5e9), 1 / 5e9
     at_large = Topology.from_cost_model(slow, 2, 2)
@@ -271,6 +295,46 @@ def test_routes_around_ranks_take_switches():
         "joins rank 0 to rank 3 only through b, another rank's node, and ranks do not forward"
     )
     assert direct.route_fault(0, 2) is None and t.route_fault(0, 3) is None
+
+
+# Each command-line builder on 6 ranks, and the same network built with ranks_forward=False.
+NO_FORWARD = {
+    "ring:6": lambda: Topology.ring(6, ranks_forward=False),
+    "full:6": lambda: Topology.fully_connected(6, ranks_forward=False),
+    "switch:6": lambda: Topology.switch(6, ranks_forward=False),
+    "fat_tree:6x2": lambda: Topology.fat_tree(6, 2, ranks_forward=False),
+    "torus:6": lambda: Topology.torus((6,), ranks_forward=False),
+    "hosts:2x3": lambda: Topology.hosts(2, 3, ranks_forward=False),
+    "rail:2x3": lambda: Topology.rail_optimized(2, 3, ranks_forward=False),
+}
+
+
+def test_every_builder_has_ranks_that_do_not_forward():
+    """``:noforward`` after any command-line builder is that builder's ranks_forward=False; a
+    ring passes the checker and simulates on each, as fast as where ranks forward unless routes
+    went through them: rail_optimized's GPUs then cross to another rail over the spine."""
+    from weft.topo.__main__ import BUILDERS, topology_arg
+
+    assert {spec.partition(":")[0] for spec in NO_FORWARD} == set(BUILDERS)
+    ring = topo.builtin("allreduce", "ring", 6, count=6)
+    for spec, build in NO_FORWARD.items():
+        direct = build()
+        assert topology_arg(f"{spec}:noforward").to_json() == direct.to_json()
+        assert topo.check(ring, topology=direct).ok, spec
+        seconds = topo.simulate(ring, direct, 1 << 16).time_s
+        forwarding = topo.simulate(ring, direct.with_ranks_forward(True), 1 << 16).time_s
+        assert seconds == forwarding if spec != "rail:2x3" else seconds > forwarding, spec
+    rail = NO_FORWARD["rail:2x3"]()
+    assert rail.with_ranks_forward(True).route(0, 4)[2] == "host0.rank1"
+    assert rail.route(0, 4) == [
+        "host0.rank0",
+        "host0.nic0",
+        "rail0",
+        "spine",
+        "rail1",
+        "host1.nic1",
+        "host1.rank1",
+    ]
 
 
 def test_direct_only_from_the_command_line(tmp_path, capsys):

@@ -58,7 +58,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ops = ["all", *OPS]
     add("-o", "--op", type=comma_list(ops), default=["all_reduce"], help=", ".join(ops))
     add("-d", "--datatype", choices=list(DTYPES), default="float", help="default float")
-    add("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
+    add(
+        "-r",
+        "--root",
+        type=int,
+        help="root of broadcast and reduce, for every system; default 0, or the root of a "
+        "broadcast's or reduce's --plan or --msccl file, which -r, where given, must match (an "
+        "in-place MSCCL reduce that several ranks write is run with -r as its root)",
+    )
     add("--np", type=int, help="ranks to launch (default 2; under a launcher: its ranks)")
     add("--vs", type=comma_list(lineup.PEERS), default=[], help=f"peers: {', '.join(lineup.PEERS)}")
     add(
@@ -141,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     launcher = launch.detect()
     if launcher and args.np not in (None, launcher.size):
         sys.exit(f"weft-bench: --np {args.np}, but {launcher.name} started {launcher.size}")
-    files = lineup.algorithm_files(args.plan, args.msccl)
+    files = lineup.algorithm_files(args.plan, args.msccl, args.root)
+    args.root = lineup.run_root(args.root, files)
     size = launcher.size if launcher else (args.np or lineup.ranks_of(files) or 2)
     if args.tune:
         return tune.run(args.tune, size, launcher, args.timeout)

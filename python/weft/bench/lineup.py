@@ -80,20 +80,73 @@ def weft_entries(
     return entries
 
 
-def algorithm_files(plans: list, msccls: list) -> list[dict]:
+def algorithm_files(plans: list, msccls: list, root: int | None = None) -> list[dict]:
     """--plan and --msccl files, loaded (and so parsed strictly) here once: a broken file is
-    one clear error before anything launches."""
+    one clear error before anything launches. ``root``: -r where given, which a broadcast's or
+    reduce's file must be for (see load_algorithm)."""
     from weft import topo
 
     files = []
-    for paths, fmt, load in ((plans, "json", topo.load), (msccls, "msccl", topo.load_msccl)):
+    for paths, fmt in ((plans, "json"), (msccls, "msccl")):
         for path in paths:
             try:
-                algo = load(path)
+                algo = load_algorithm(path, fmt, root)
             except (OSError, topo.AlgorithmError) as e:
                 raise SystemExit(f"weft-bench: {path}: {e}") from e
-            files.append({"path": str(path), "format": fmt, "name": algo.name, "algo": algo})
+            files.append(
+                {
+                    "path": str(path),
+                    "format": fmt,
+                    "name": algo.name,
+                    "algo": algo,
+                    # The root a worker loads an MSCCL file with (None: it has none).
+                    "root": algo.root if fmt == "msccl" and rooted(algo) else None,
+                }
+            )
     return files
+
+
+def load_algorithm(path, fmt: str, root: int | None):
+    """An Algorithm file (``fmt`` json or msccl) for a run whose -r is ``root`` (None: not
+    given). A broadcast's or reduce's file is for one root: given -r, it must be that one (an
+    in-place MSCCL reduce that several ranks write is loaded with it); without, the file's is
+    the run's (``run_root``)."""
+    from weft import topo
+    from weft.topo.msccl import AmbiguousRoot
+
+    try:
+        algo = topo.load_msccl(path) if fmt == "msccl" else topo.load(path)
+    except AmbiguousRoot as e:
+        if root is None:
+            raise topo.AlgorithmError(f"{e} (-r R)") from None
+        return topo.load_msccl(path, root=root)
+    if root is not None and rooted(algo) and algo.root != root:
+        raise topo.AlgorithmError(
+            f"{algo.name} is for root {algo.root}, but -r {root} was given: leave out -r to "
+            f"measure at the file's root"
+        )
+    return algo
+
+
+def rooted(algo) -> bool:
+    """Whether the Algorithm's op has a root (broadcast, reduce)."""
+    return any(op.rooted and op.collective == algo.collective for op in OPS.values())
+
+
+def run_root(given: int | None, files: list[dict]) -> int:
+    """The root the run measures broadcast and reduce at, for every system alike: -r where
+    given (the files were loaded for it), else the root of the broadcast's or reduce's files,
+    else 0."""
+    if given is not None:
+        return given
+    roots = {f["path"]: f["algo"].root for f in files if rooted(f["algo"])}
+    if len(set(roots.values())) > 1:
+        listed = ", ".join(f"{path} root {root}" for path, root in roots.items())
+        raise SystemExit(
+            f"weft-bench: the algorithm files are for different roots ({listed}), and a run "
+            "measures one: measure them in separate runs"
+        )
+    return next(iter(roots.values()), 0)
 
 
 def ranks_of(files: list[dict]) -> int | None:
@@ -117,7 +170,7 @@ def algorithm_entries(files: list[dict], transports: list[str], ranks: int) -> l
                 f"weft{'' if transport == 'auto' else f'-{transport}'}[{f['format']}:{algo.name}]"
             )
             env = {"WEFT_ALGO": "auto", "WEFT_TRANSPORT": transport}
-            spec = {k: f[k] for k in ("path", "format", "name")}
+            spec = {k: f[k] for k in ("path", "format", "name", "root")}
             entry = Entry(name, "weft", [by_collective[algo.collective]], env, plan=spec)
             if algo.ranks != ranks:
                 entry.status = "skipped"

@@ -150,8 +150,10 @@ class WeftAlgorithm(System):
         import weft
         from weft import topo
 
-        load = topo.load_msccl if spec["format"] == "msccl" else topo.load
-        self.algo = load(spec["path"])
+        if spec["format"] == "msccl":  # with the root the run settled on (lineup.run_root)
+            self.algo = topo.load_msccl(spec["path"], root=spec.get("root"))
+        else:
+            self.algo = topo.load(spec["path"])
         # A connection set per channel tag the Algorithm uses (topo.run numbers them 0, 1, ...).
         tags = {
             c if ch.tag is None else ch.tag
@@ -169,10 +171,17 @@ class WeftAlgorithm(System):
 
         if OPS[op].collective != self.algo.collective:
             raise Unsupported(f"{self.algo.name} is a {self.algo.collective}")
-        if in_place != self.algo.in_place:
+        # weft's broadcast has no input: the root's data starts in its output, the one buffer
+        # of the benchmark's (in-place) broadcast.
+        one_buffer = self.algo.collective == "broadcast"
+        if in_place != (self.algo.in_place or one_buffer):
             form = "in-place" if self.algo.in_place else "out-of-place"
             raise Unsupported(f"{self.algo.name} has only the {form} form")
+        if OPS[op].rooted and root != self.algo.root:
+            raise Unsupported(f"{self.algo.name} is for root {self.algo.root}, not {root}")
         i, o = inp.numpy(), out.numpy()
+        if one_buffer:
+            i = i[:0]
         units = self.algo.buffer_counts(self.comm.rank)
         if i.size % max(units["input"], 1) or o.size % max(units["output"], 1):
             raise Unsupported(

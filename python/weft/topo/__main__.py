@@ -7,8 +7,12 @@
     python -m weft.topo simulate ring --topology ring:4096 --bytes 1M      # a built-in family
     python -m weft.topo draw topology hosts:2x4 -o hosts.png
     python -m weft.topo draw timeline ring8.json --topology ring:8 --bytes 64K -o ring8.png
+    python -m weft.topo check reduce.xml --root 3        # an MSCCL reduce's or broadcast's root
 
-An Algorithm file is weft.topo's JSON, or MSCCL's XML by its ``.xml`` suffix.
+An Algorithm file is weft.topo's JSON, or MSCCL's XML by its ``.xml`` suffix. ``--root R`` gives
+a broadcast's or reduce's root: an MSCCL file's, read off its program, is checked against it (an
+in-place reduce that several ranks write needs it); a JSON file's likewise; a built-in family is
+planned for it.
 ``check`` prints each file's report and exits with 1 when any file fails. A topology is a JSON
 file that ``Topology.save`` wrote or a builder: ring:N, full:N, switch:N, fat_tree:N[xPER_LEAF],
 torus:AxB[xC...], hosts:HOSTSxPER_HOST, rail:HOSTSxPER_HOST; either with ``:noforward`` after it
@@ -22,7 +26,12 @@ import sys
 from pathlib import Path
 
 from weft import topo
-from weft.topo.msccl import load_file
+from weft.topo.msccl import AmbiguousRoot, load_file
+
+ROOT_HELP = (
+    "a broadcast's or reduce's root: an Algorithm file's is checked against it (an in-place "
+    "MSCCL reduce that several ranks write needs it); a family is planned for it (0)"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --topology: check as if its ranks did not forward (as :noforward says), so no "
         "route may pass through another rank",
     )
+    check.add_argument("--root", type=int, help=ROOT_HELP)
     sim = commands.add_parser("simulate", help="simulate an Algorithm file or built-in family")
     sim.add_argument(
         "algorithm", help="an Algorithm file (JSON, MSCCL XML) or a built-in family's name"
@@ -66,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument(
         "--calls", type=int, default=1, help="back to back, the first half a warm-up (1)"
     )
+    sim.add_argument("--root", type=int, help=ROOT_HELP)
     draw = commands.add_parser("draw", help="pictures: a topology, or a simulated timeline")
     draw.add_argument("what", choices=("topology", "timeline"))
     draw.add_argument("subject", help="topology: a topology; timeline: an Algorithm or family")
     draw.add_argument("--topology", type=topology_arg, help="timeline: the topology")
     draw.add_argument("--bytes", type=size_arg)
     draw.add_argument("--collective", default="allreduce")
+    draw.add_argument("--root", type=int, help=f"timeline: {ROOT_HELP}")
     draw.add_argument("-o", "--output", required=True, help="the PNG to write")
     try:
         args = parser.parse_args(argv)
@@ -100,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             result = topo.simulate(
-                algorithm_arg(args.algorithm),
+                algorithm_arg(args.algorithm, args.root),
                 args.topology,
                 args.bytes,
                 collective=args.collective,
+                root=args.root or 0,
                 slots=args.slots,
                 slice_bytes=args.slice_bytes,
                 calls=args.calls,
@@ -117,16 +130,19 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "draw":
             if args.what == "topology":
+                if args.root is not None:
+                    parser.error("--root is for draw timeline")
                 topo.draw_topology(topology_arg(args.subject), args.output)
             else:
                 if args.topology is None:
                     parser.error("draw timeline needs --topology")
                 topo.draw_timeline(
-                    algorithm_arg(args.subject),
+                    algorithm_arg(args.subject, args.root),
                     args.topology,
                     args.output,
                     args.bytes,
                     collective=args.collective,
+                    root=args.root or 0,
                 )
             print(f"wrote {args.output}")
             return 0
@@ -137,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         try:
             report = topo.check(
-                load_file(path),
+                algorithm_file(path, args.root),
                 slots=args.slots,
                 slot_bytes=args.slot_bytes,
                 topology=args.topology,
@@ -194,10 +210,20 @@ def topology_arg(text: str) -> topo.Topology:
     return topo.Topology.load(text)
 
 
-def algorithm_arg(text: str):
-    """An Algorithm file, or a built-in family's name."""
+def algorithm_arg(text: str, root: int | None = None):
+    """An Algorithm file (for ``root``, as algorithm_file takes it), or a built-in family's
+    name."""
     is_file = text.endswith((".json", ".xml")) or Path(text).exists()
-    return load_file(text) if is_file else text
+    return algorithm_file(text, root) if is_file else text
+
+
+def algorithm_file(path: str, root: int | None) -> topo.Algorithm:
+    """An Algorithm file, its root checked against --root (or, for an in-place MSCCL reduce
+    that several ranks write, chosen by it)."""
+    try:
+        return load_file(path, root=root)
+    except AmbiguousRoot as e:
+        raise topo.AlgorithmError(f"{e} (--root R)") from None
 
 
 if __name__ == "__main__":

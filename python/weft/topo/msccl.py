@@ -11,6 +11,8 @@ the importer cannot represent is an error naming the element, never a skipped st
 
 A broadcast's or a reduce's file says nothing of its root: it is written for one, which the
 importer reads off what the ranks do with their buffers (``_root``), or is given and checked.
+An in-place reduce that several ranks write leaves it open: loading it without a root raises
+``AmbiguousRoot``, which names the ranks that may be it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ COLLECTIVES = {
     "broadcast": "broadcast",
     "reduce": "reduce",
 }
+# The collectives that have a root.
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
 # Step type -> (receives, reads src, writes dst, sends)
 STEP_TYPES = {
     "s": (False, True, False, True),
@@ -53,10 +57,20 @@ STEP_TYPES = {
 }
 
 
+class AmbiguousRoot(AlgorithmError):
+    """An in-place reduce whose program lets any of several ranks be the root (each writes its
+    buffer): ``roots`` are those ranks; load it with ``root=`` one of them."""
+
+    def __init__(self, message: str, roots: list[int]):
+        super().__init__(message)
+        self.roots = roots
+
+
 def load_msccl(path, *, elem_size: int = 4, root: int | None = None) -> Algorithm:
     """Reads an MSCCL algorithm file; raises AlgorithmError naming the element that is wrong.
     ``root``: a broadcast's or reduce's root, checked against the program (by default inferred
-    from it)."""
+    from it; an in-place reduce that several ranks write needs it, and raises AmbiguousRoot
+    without it)."""
     source = str(path)
     try:
         top = ElementTree.fromstring(Path(path).read_text())
@@ -65,14 +79,36 @@ def load_msccl(path, *, elem_size: int = 4, root: int | None = None) -> Algorith
     return _convert(top, source, elem_size, root)
 
 
-def load_file(path) -> Algorithm:
-    """An Algorithm file: MSCCL's XML by its ``.xml`` suffix, weft.topo's JSON otherwise."""
-    return load_msccl(path) if Path(path).suffix == ".xml" else load(path)
+def load_file(path, *, root: int | None = None) -> Algorithm:
+    """An Algorithm file: MSCCL's XML by its ``.xml`` suffix, weft.topo's JSON otherwise.
+    ``root``: a broadcast's or reduce's root, as ``load_msccl`` takes it; a JSON file states its
+    own, which ``root`` is checked against."""
+    if Path(path).suffix == ".xml":
+        return load_msccl(path, root=root)
+    algo = load(path)
+    fault = _root_fault(algo.collective, root, algo.root)
+    if fault:
+        raise AlgorithmError(f"{path}: top level: {fault}")
+    return algo
+
+
+def _root_fault(collective: str, given: int | None, own: int | None = None) -> str | None:
+    """What is wrong with a root given for a file of ``collective`` (whose own root is ``own``
+    where the file states it), or None."""
+    if given is None:
+        return None
+    if collective not in ROOTED:
+        return f"root={given} was given, but {collective} has no root"
+    if own is not None and given != own:
+        return f"root={given} was given, but the file's root is {own}"
+    return None
 
 
 def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algorithm:
-    def fail(where: str, what: str):
-        raise AlgorithmError(f"{source}: {where}: {what}")
+    def fail(where: str, what: str, roots: list[int] | None = None):
+        """Raises AlgorithmError, or AmbiguousRoot where ``roots`` may each be the root."""
+        message = f"{source}: {where}: {what}"
+        raise AlgorithmError(message) if roots is None else AmbiguousRoot(message, roots)
 
     def number(element, key: str, where: str, lowest: int = 0) -> int:
         value = element.get(key)
@@ -93,8 +129,9 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
     if coll not in COLLECTIVES:
         fail("<algo>", f"coll={coll!r}: the importer takes {', '.join(COLLECTIVES)}")
     collective = COLLECTIVES[coll]
-    if given_root is not None and collective not in ("broadcast", "reduce"):
-        fail("<algo>", f"root={given_root} was given, but {collective} has no root")
+    fault = _root_fault(collective, given_root)
+    if fault:
+        fail("<algo>", fault)
     chunks_per_loop = number(top, "nchunksperloop", "<algo>", 1)
     in_place = number(top, "inplace", "<algo>") == 1
     if in_place and collective == "alltoall":
@@ -152,7 +189,7 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
         if max(chunks["i"], chunks["o"]) > chunks_per_loop:
             fail(where, f"a buffer has more chunks than nchunksperloop={chunks_per_loop}")
     root = 0
-    if collective in ("broadcast", "reduce"):
+    if collective in ROOTED:
         root = _root(collective, programs, in_place, given_root, fail)
         # Out of place, the buffer only the root needs must hold the call's chunks there.
         other = "i" if collective == "broadcast" else "o"
@@ -292,7 +329,8 @@ def _root(collective: str, programs: list[RankProgram], in_place: bool, given, f
     if len(found) > 1 and (collective == "broadcast" or not in_place):
         fail("<algo>", f"{named} {do}, so the root is ambiguous: {why}, and no other may")
     if len(found) > 1 and given is None:
-        fail("<algo>", f"{named} {do}, so the in-place reduce's root is ambiguous: give root=")
+        what = f"{named} {do}, so the in-place reduce's root is ambiguous: give root="
+        fail("<algo>", what, roots=list(found))
     if given is not None and given not in found:
         verb = "do" if len(found) > 1 else "does"
         fail(

@@ -307,15 +307,22 @@ class Topology(_ClosedForm):
 
     @classmethod
     def switch(
-        cls, n: int, *, latency_s: float = NIC[0], bandwidth_Bps: float = NIC[1]
+        cls,
+        n: int,
+        *,
+        latency_s: float = NIC[0],
+        bandwidth_Bps: float = NIC[1],
+        ranks_forward: bool = True,
     ) -> Topology:
-        """n ranks on one switch; rank to rank pays ``latency_s`` (half on each link)."""
+        """n ranks on one switch; rank to rank pays ``latency_s`` (half on each link).
+        ``ranks_forward=False``: ranks pass on no one else's messages, which changes no route
+        (every pair talks through the switch)."""
         _need(n >= 1, f"switch needs n >= 1, got {n}")
         b = _Builder()
         sw = b.node("switch", "switch")
         for r in range(n):
             b.link(b.rank(f"rank{r}", r), sw, latency_s / 2, bandwidth_Bps, "nic")
-        return b.build(f"switch({n})")
+        return b.build(f"switch({n})", ranks_forward)
 
     @classmethod
     def fat_tree(
@@ -326,10 +333,12 @@ class Topology(_ClosedForm):
         *,
         latency_s: float = NIC[0],
         bandwidth_Bps: float = NIC[1],
+        ranks_forward: bool = True,
     ) -> Topology:
         """A two-level folded Clos: leaf switches of ``per_leaf`` ranks, each linked to every one
         of ``spines`` spine switches (by default per_leaf: full bisection). Rank to rank through a
-        spine pays ``latency_s`` (a quarter on each link)."""
+        spine pays ``latency_s`` (a quarter on each link). ``ranks_forward=False``: ranks pass on
+        no one else's messages, which changes no route (leaves and spines carry them all)."""
         spines = per_leaf if spines is None else spines
         _need(n >= 1 and per_leaf >= 1 and spines >= 1, "fat_tree needs n, per_leaf, spines >= 1")
         b = _Builder()
@@ -341,7 +350,7 @@ class Topology(_ClosedForm):
                 for s in spine:
                     b.link(leaves[-1], s, latency_s / 4, bandwidth_Bps, "nic")
             b.link(b.rank(f"rank{r}", r), leaves[-1], latency_s / 4, bandwidth_Bps, "nic")
-        return b.build(f"fat_tree({n}, per_leaf={per_leaf}, spines={spines})")
+        return b.build(f"fat_tree({n}, per_leaf={per_leaf}, spines={spines})", ranks_forward)
 
     @classmethod
     def torus(
@@ -382,13 +391,16 @@ class Topology(_ClosedForm):
         nvlink: tuple[float, float] = NVLINK,
         nic: tuple[float, ...] = NIC,
         nics_per_host: int = 1,
+        ranks_forward: bool = True,
     ) -> Topology:
         """``n_hosts`` hosts of ``per_host`` ranks: inside a host every rank on the host's NVLink
         switch; outside, the host's NICs (``nics_per_host``, ranks sharing them in turn) on one
         network switch. ``nvlink`` and ``nic`` are (latency_s, bandwidth_Bps) rank to rank:
         inside a host a message pays nvlink's latency, across hosts nic's, at the slower
         bandwidth on its path. A third figure in ``nic``, burst_bytes, makes each NIC's link a
-        token bucket (``Link.burst_bytes``)."""
+        token bucket (``Link.burst_bytes``). ``ranks_forward=False``: GPUs inside a host do not
+        relay for each other, which changes no route (traffic goes via the host's NVLink switch
+        and NICs)."""
         _need(n_hosts >= 1 and per_host >= 1, "hosts needs n_hosts >= 1 and per_host >= 1")
         _need(1 <= nics_per_host <= per_host, "hosts needs 1 <= nics_per_host <= per_host")
         burst = _nic_burst(nic)
@@ -403,7 +415,7 @@ class Topology(_ClosedForm):
                 nic_node = b.node(f"host{h}.nic{i}", "nic", h)
                 b.link(sw, nic_node, 0.0, nvlink[1], "pcie")
                 b.link(nic_node, net, max(0.0, nic[0] - nvlink[0]) / 2, nic[1], "nic", burst)
-        return b.build(f"hosts({n_hosts}, {per_host})")
+        return b.build(f"hosts({n_hosts}, {per_host})", ranks_forward)
 
     hosts = _BuilderOrField("hosts", _hosts)
 
@@ -415,11 +427,14 @@ class Topology(_ClosedForm):
         *,
         nvlink: tuple[float, float] = NVLINK,
         nic: tuple[float, ...] = NIC,
+        ranks_forward: bool = True,
     ) -> Topology:
         """Hosts of ``per_host`` ranks on an NVLink switch, each rank with its own NIC on the
         rail switch of its local index, the rails joined by a spine: local index g talks to g on
         other hosts through rail g alone. Figures as for ``hosts`` (a burst, on the NICs'
-        links)."""
+        links). ``ranks_forward=False``: GPUs inside a host do not relay for each other, so a
+        GPU reaches another host's GPU of another rail over the spine, never through a GPU of
+        its own host and that GPU's NIC."""
         _need(n_hosts >= 1 and per_host >= 1, "rail_optimized needs n_hosts, per_host >= 1")
         burst = _nic_burst(nic)
         b = _Builder()
@@ -435,7 +450,7 @@ class Topology(_ClosedForm):
                 nic_node = b.node(f"host{h}.nic{g}", "nic", h)
                 b.link(r, nic_node, nvlink[0] / 2, nvlink[1], "pcie")
                 b.link(nic_node, rails[g], max(0.0, nic[0] - nvlink[0]) / 2, nic[1], "nic", burst)
-        return b.build(f"rail_optimized({n_hosts}, {per_host})")
+        return b.build(f"rail_optimized({n_hosts}, {per_host})", ranks_forward)
 
     @classmethod
     def from_cost_model(
@@ -447,6 +462,7 @@ class Topology(_ClosedForm):
         nics_per_host: int = 1,
         nic_burst_bytes: float = 0.0,
         machine_cores: int = 0,
+        ranks_forward: bool = True,
     ) -> Topology:
         """``Topology.hosts(n_hosts, per_host)`` with link figures from a cost model: a
         Communicator's ``cost_model`` (measured on its ranks when it was created), a file that
@@ -463,7 +479,9 @@ class Topology(_ClosedForm):
         with every rank exchanging at once, so where ranks outnumber cores a beta is what a
         rank gets while the others take turns on the cores: each message then costs its
         sender beta x min(cores, ranks) / ranks on one of the cores (a CpuPool), the rate a
-        message gets on a core of its own, which the links take too."""
+        message gets on a core of its own, which the links take too.
+
+        ``ranks_forward``: as for ``hosts``."""
         if model is None:
             model = CostModel()
         elif isinstance(model, (str, Path)):
@@ -486,13 +504,21 @@ class Topology(_ClosedForm):
                 "over tcp, or one host over shared memory)",
             )
         shape = (n_hosts, per_host, nics_per_host, nic_burst_bytes, machine_cores)
-        world = cls._calibrated(model, *shape)
+        world = cls._calibrated(model, *shape, ranks_forward=ranks_forward)
         world._calibration = (model, *shape)
         return world
 
     @classmethod
     def _calibrated(
-        cls, model, n_hosts, per_host, nics_per_host, nic_burst_bytes, machine_cores
+        cls,
+        model,
+        n_hosts,
+        per_host,
+        nics_per_host,
+        nic_burst_bytes,
+        machine_cores,
+        *,
+        ranks_forward,
     ) -> Topology:
         shm, tcp = model.shm.beta_s_per_b, model.tcp.beta_s_per_b
         ranks = n_hosts * per_host
@@ -506,6 +532,7 @@ class Topology(_ClosedForm):
             nvlink=(model.shm.alpha_s, 1 / shm),
             nic=(model.tcp.alpha_s, 1 / tcp, nic_burst_bytes),
             nics_per_host=nics_per_host,
+            ranks_forward=ranks_forward,
         )
         if machine_cores:
             world = world.sharing_cpus(machine_cores, on_a_core)
@@ -524,9 +551,7 @@ class Topology(_ClosedForm):
         if self._calibration is None or not self._calibration[0].large_bytes:
             return self
         model, *shape = self._calibration
-        world = self._calibrated(at_buffer(model, nbytes), *shape)
-        world.ranks_forward = self.ranks_forward
-        return world
+        return self._calibrated(at_buffer(model, nbytes), *shape, ranks_forward=self.ranks_forward)
 
     # ---- JSON --------------------------------------------------------------------------------
 

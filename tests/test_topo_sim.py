@@ -48,6 +48,7 @@ def test_binomial_broadcast_agrees_with_the_closed_form(p):
     "family,collective,sizes,copies",
     [
         ("rhd", "allreduce", [2, 4, 8, 16], 0),
+        ("rhd", "allreduce", [3, 5, 6, 12], 0),  # folded, in one piece (512 KiB) at these sizes
         ("rhd", "reduce_scatter", [2, 4], 0),
         ("rhd", "allgather", [2, 4, 8, 16], 0),
         ("rd", "allreduce", [2, 8], 0),

@@ -210,7 +210,11 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   LinkCost shared = flat;
   if (topo.hosts > 1) shared.beta_s_per_b *= std::max(1, topo.ranks_per_host);
   const int p = 1 << log2_floor(topo.size);
-  const double fold = topo.size == p ? 0 : 2 * msg(flat, S) + S * g;
+  // The ranks beyond p send their buffer to a partner and get the result
+  // back; the partner reduces each piece as it arrives, so only the last
+  // piece's reduction adds to the transfers.
+  const double piece = std::min(S, static_cast<double>(topo.step_bytes));
+  const double fold = topo.size == p ? 0 : 2 * msg(flat, S) + piece * g;
   // A local copy of the buffer: about half a shared-memory message, which
   // copies the bytes in and out again.
   const double copy = S * model.shm.beta_s_per_b / 2;

@@ -48,7 +48,6 @@ def test_binomial_broadcast_agrees_with_the_closed_form(p):
     "family,collective,sizes,copies",
     [
         ("rhd", "allreduce", [2, 4, 8, 16], 0),
-        ("rhd", "allreduce", [3, 5, 6, 12], 0),  # folded, in one piece (512 KiB) at these sizes
         ("rhd", "reduce_scatter", [2, 4], 0),
         ("rhd", "allgather", [2, 4, 8, 16], 0),
         ("rd", "allreduce", [2, 8], 0),
@@ -72,6 +71,19 @@ def test_more_families_agree_with_the_closed_form_where_nothing_contends(
             closed = topo.predict(family, collective, nbytes, world, model())
             copy = nbytes * BETA / 2
             assert closed - sim.time_s == pytest.approx(copies * copy, abs=1e-12), (p, nbytes)
+
+
+@pytest.mark.parametrize("p", [3, 5, 6, 12])
+def test_a_folded_rhd_agrees_with_the_closed_form_in_one_piece(p):
+    """Off a power of two the ranks beyond the largest one fold in and out: while the buffer is
+    one Plan step's piece (512 KiB) and halves evenly in every round, the simulation's time is
+    the closed form's."""
+    world = Topology.fully_connected(p, latency_s=ALPHA, bandwidth_Bps=1 / BETA)
+    group = 1 << (p.bit_length() - 1)
+    for nbytes in (4 * group, 4 * group * 64, 4 * group * 4096):
+        sim = topo.simulate("rhd", world, nbytes, gamma_s_per_b=GAMMA)
+        closed = topo.predict("rhd", "allreduce", nbytes, world, model())
+        assert sim.time_s == pytest.approx(closed, rel=1e-9), nbytes
 
 
 def test_an_algorithm_from_python_runs_as_the_same_plan_from_cpp():

@@ -278,7 +278,14 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       break;
     case Collective::ReduceScatter:
       if (a == Algorithm::Rhd) {
-        return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * (shared.beta_s_per_b + g);
+        // A round's receiver reduces each piece as the next arrives: of its
+        // reductions only the last piece's adds to the transfers.
+        double last_pieces = 0;
+        for (double half = n * S / 2; half >= S && S > 0; half /= 2) {
+          last_pieces += std::min(half, static_cast<double>(topo.step_bytes));
+        }
+        return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * shared.beta_s_per_b +
+               last_pieces * g;
       }
       return (n - 1) * (msg(flat, S) + S * g);
     case Collective::Allgather:

@@ -1,7 +1,7 @@
 """The ofi transport over libfabric's shm provider (FI_EP_RDM endpoints, where writes need not
 land in order): the collectives at world sizes 2, 3 and 5 and the data movement (at 3) of
-tests/test_rdma.py, which runs them over the tcp provider and the other back end. Skips, with the reason, where the provider is
-missing."""
+tests/test_rdma.py, which runs them over the tcp provider and the other back end. Skips, with
+the reason, where the provider is missing."""
 
 from __future__ import annotations
 

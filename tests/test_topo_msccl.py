@@ -3,7 +3,8 @@ files in ../shared/msccl (see its SOURCES.md) import and pass the checker; a rin
 the same format does too, and broken copies of it are refused naming the element, or fail the
 checker naming the rank and step. Files written here take every step kind, scratch buffers and
 dependencies between thread blocks; they pass the checker and run on real ranks against numpy.
-So do a broadcast and a reduce, whose root the importer reads off the program."""
+So do a broadcast and a reduce, whose root the importer reads off the program, and an allgather
+in the format SCCL's and TACCL's ncclize write, whose own blocks reach the output by <copy>."""
 
 from __future__ import annotations
 
@@ -210,6 +211,29 @@ def open_root_reduce_xml(ranks: int) -> str:
     return chain_reduce_xml(ranks, ranks - 2, in_place=True).replace('type="rrs"', 'type="rrcs"')
 
 
+def copy_allgather_xml(ranks: int, in_place: bool = False, copies: bool = True) -> str:
+    """An allgather in the form SCCL's and TACCL's ncclize write: each rank's own block reaches
+    its output by a <copy> before the thread blocks start (ncclize's old format: no outofplace,
+    minBytes or maxBytes; a redop), and a thread block per peer sends the block from the output,
+    so after the copy, and receives the peer's. In place the copy is onto itself."""
+    gpus = []
+    for r in range(ranks):
+        blocks = []
+        for b, p in enumerate(x for x in range(ranks) if x != r):
+            steps = [step(0, "s", ("o", r), ("o", r)), step(1, "r", ("o", p), ("o", p))]
+            blocks.append((f'id="{b}" send="{p}" recv="{p}" chan="0"', steps))
+        gpus.append((f'id="{r}" i_chunks="1" o_chunks="{ranks}" s_chunks="0"', blocks))
+    header = (
+        f'name="copies{ranks}" nchannels="1" nchunksperloop="{ranks}" proto="Simple" '
+        f'coll="allgather" inplace="{int(in_place)}" redop="nop" ngpus="{ranks}"'
+    )
+    text = algo_xml(header, gpus)
+    for r in range(ranks):
+        gpu = f'<gpu id="{r}" i_chunks="1" o_chunks="{ranks}" s_chunks="0">'
+        text = text.replace(gpu, gpu + f'<copy i_off="0" o_off="{r}"/>' * copies)
+    return text
+
+
 def load(tmp_path, text: str, **options) -> topo.Algorithm:
     path = tmp_path / "algo.xml"
     path.write_text(text)
@@ -287,6 +311,12 @@ def test_files_that_are_not_algorithms_are_refused(tmp_path):
         "reducescatter, alltoall, broadcast, reduce$",
     ):
         load(tmp_path, ring_xml(3).replace('coll="allreduce"', 'coll="gather"'))
+    with pytest.raises(
+        topo.AlgorithmError, match="<algo>: missing attribute 'coll': name the collective, one of"
+    ):
+        load(tmp_path, ring_xml(3).replace(' coll="allreduce"', ""))
+    with pytest.raises(topo.AlgorithmError, match="<gpu id=0>: <op> inside a <gpu>"):
+        load(tmp_path, ring_xml(3).replace('<tb id="0"', '<op/><tb id="0"', 1))
     with pytest.raises(topo.AlgorithmError, match=r"gpu ids \[0, 1, 2\] are not 0..3"):
         load(tmp_path, ring_xml(3).replace('ngpus="3"', 'ngpus="4"'))
     huge = "1" * 40  # found by tests/fuzz: once an OverflowError, not a refusal
@@ -342,11 +372,55 @@ def test_scratch_local_steps_and_dependencies_import_and_pass(tmp_path, ranks):
     assert topo.check(load(tmp_path, pair_rrc_xml())).ok
 
 
+def test_sccl_copies_run_first_and_in_place_are_empty(tmp_path):
+    """<copy i_off o_off> (SCCL's and TACCL's ncclize): a copy step in a channel after the
+    thread blocks', which every block's first step waits for; without it the output misses the
+    rank's own block. In place it is a copy onto itself: an empty step."""
+    algo = load(tmp_path, copy_allgather_xml(3))
+    assert (algo.collective, algo.count, algo.in_place) == ("allgather", 1, False)
+    program = algo.programs[1]
+    assert len(program.channels) == 3
+    copy = program.channels[-1].steps
+    assert [(s.name, s.local, s.dst) for s in copy] == [
+        ("copy", Span("input", 0, 1), Span("output", 1, 1))
+    ]
+    assert [ch.steps[0].deps for ch in program.channels[:-1]] == [[(2, 0)], [(2, 0)]]
+    report = topo.check(algo)
+    assert report.ok, report
+    report = topo.check(load(tmp_path, copy_allgather_xml(3, copies=False)))
+    assert not report.ok and "misses rank 0's input[0]" in report.errors[0].text, report
+
+    algo = load(tmp_path, copy_allgather_xml(3, in_place=True))
+    assert algo.in_place and [s.name for s in algo.programs[2].channels[-1].steps] == ["nop"]
+    report = topo.check(algo)
+    assert report.ok, report
+
+    with pytest.raises(
+        topo.AlgorithmError, match="<gpu id=0> <copy i_off=x o_off=0>: i_off='x' is not an integer"
+    ):
+        load(tmp_path, copy_allgather_xml(3).replace('i_off="0"', 'i_off="x"', 1))
+
+
+def test_two_thread_blocks_on_one_connection_are_refused(tmp_path):
+    def both_from_1(rank, blocks):
+        if rank == 0:  # block 1 receives from rank 1 on chan 0 too, where block 0 does
+            blocks[1] = (blocks[1][0].replace('recv="2"', 'recv="1"'), blocks[1][1])
+        return blocks
+
+    with pytest.raises(
+        topo.AlgorithmError,
+        match="<gpu id=0>: thread blocks 0 and 1 both recv with recv=1 on chan=0: MSCCL's "
+        "runtime gives a peer one connection per chan.* give one of them another chan",
+    ):
+        load(tmp_path, allpairs_xml(3, both_from_1))
+
+
 def case_run_files(ctx, paths, factor):
     """Each file's algorithm on these ranks, each element standing for ``factor``, against
     numpy: the sum of the inputs (a reduce's root; other outputs stay as they were, in place
-    anything), or the root's data everywhere (a broadcast: no input, the data starts in the
-    root's output; the others' outputs start as other data)."""
+    anything), the root's data everywhere (a broadcast: no input, the data starts in the
+    root's output; the others' outputs start as other data), or every rank's input one after
+    the other (an allgather, out of place)."""
     wrong = []
     for path in paths:
         algo = topo.load_msccl(path)
@@ -357,6 +431,8 @@ def case_run_files(ctx, paths, factor):
         buf, expected = data[r], out.copy()
         if algo.collective == "broadcast":
             buf, out, expected = np.empty(0, np.float32), data[r].copy(), data[algo.root]
+        elif algo.collective == "allgather":
+            out, expected = np.full(n * algo.count * factor, np.nan, np.float32), np.hstack(data)
         elif algo.collective == "allreduce" or r == algo.root:
             expected = sum(data)
         elif algo.in_place:
@@ -372,7 +448,7 @@ def case_run_files(ctx, paths, factor):
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_they_run_on_real_ranks(tmp_path, pools, transport):
     paths = []
-    for name, text in [("allpairs3.xml", allpairs_xml(3))]:
+    for name, text in [("allpairs3.xml", allpairs_xml(3)), ("copies3.xml", copy_allgather_xml(3))]:
         paths.append(tmp_path / name)
         paths[-1].write_text(text)
     for factor in (1, 7):

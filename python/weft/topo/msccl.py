@@ -9,6 +9,11 @@ reach the block of the same chan on the peer); chunks become elements, so the Al
 calls of one element per chunk (a real call divides its buffer into that many chunks). Anything
 the importer cannot represent is an error naming the element, never a skipped step.
 
+Files that SCCL's and TACCL's ``ncclize`` write may also hold ``<copy i_off o_off>`` in a
+``<gpu>``: a chunk of the input that is also a chunk of the output, copied there before the
+algorithm starts. Each becomes a copy step in one more channel of that rank (after the thread
+blocks' channels), which every thread block waits for before its first step.
+
 A broadcast's or a reduce's file says nothing of its root: it is written for one, which the
 importer reads off what the ranks do with their buffers (``_root``), or is given and checked.
 An in-place reduce that several ranks write leaves it open: loading it without a root raises
@@ -126,6 +131,11 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
         fail("top level", f"<{top.tag}> where <algo> was expected")
     ranks = number(top, "ngpus", "<algo>", 1)
     coll = top.get("coll")
+    if coll is None:
+        fail(
+            "<algo>",
+            f"missing attribute 'coll': name the collective, one of {', '.join(COLLECTIVES)}",
+        )
     if coll not in COLLECTIVES:
         fail("<algo>", f"coll={coll!r}: the importer takes {', '.join(COLLECTIVES)}")
     collective = COLLECTIVES[coll]
@@ -152,6 +162,7 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
 
     count = None
     programs: list[RankProgram | None] = [None] * ranks
+    tbs = [0] * ranks  # thread blocks per rank; a channel of its <copy> elements follows them
     sizes: list[dict] = [{}] * ranks
     for gpu in gpus:
         rank = number(gpu, "id", "<gpu>")
@@ -162,9 +173,11 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
             fail(where, f"implies {rank_count} chunks per call, other ranks {count}")
         count = rank_count
         blocks = gpu.findall("tb")
-        if {child.tag for child in gpu} - {"tb"}:
-            fail(where, "only <tb> elements may be inside a <gpu>")
+        for child in gpu:
+            if child.tag not in ("tb", "copy"):
+                fail(where, f"<{child.tag}> inside a <gpu>, which holds <tb> and <copy> elements")
         tb_ids = [number(tb, "id", f"{where} <tb>") for tb in blocks]
+        tbs[rank] = len(blocks)
         if tb_ids != list(range(len(blocks))):
             fail(where, f"thread block ids {tb_ids} are not 0..{len(blocks) - 1} in order")
         place = _in_place_layout(collective, rank, rank_count) if in_place else _apart
@@ -181,16 +194,26 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
                     fail(
                         where,
                         f"thread blocks {seen[key]} and {tb.get('id')} both {side} "
-                        f"with {side}={key[0]} on chan={key[1]}",
+                        f"with {side}={key[0]} on chan={key[1]}: MSCCL's runtime gives a peer "
+                        "one connection per chan, and two thread blocks on it would each count "
+                        "its messages from the start, reading or overwriting each other's; "
+                        "give one of them another chan",
                     )
                 seen[key] = tb.get("id")
         programs[rank] = RankProgram(channels, scratch=chunks["s"])
         _check_dependencies(gpu, programs[rank], where, fail)
+        copies = [_copy(element, where, number, place) for element in gpu.findall("copy")]
+        if copies:
+            # They run first: every thread block's first step waits for the last of them.
+            for channel in channels:
+                if channel.steps:
+                    channel.steps[0].deps.append((len(channels), len(copies) - 1))
+            channels.append(Channel(copies))
         if max(chunks["i"], chunks["o"]) > chunks_per_loop:
             fail(where, f"a buffer has more chunks than nchunksperloop={chunks_per_loop}")
     root = 0
     if collective in ROOTED:
-        root = _root(collective, programs, in_place, given_root, fail)
+        root = _root(collective, programs, in_place, given_root, fail, tbs)
         # Out of place, the buffer only the root needs must hold the call's chunks there.
         other = "i" if collective == "broadcast" else "o"
         if not in_place and sizes[root][other] != count:
@@ -302,7 +325,9 @@ def _in_place_layout(collective: str, rank: int, count: int):
     return place
 
 
-def _root(collective: str, programs: list[RankProgram], in_place: bool, given, fail) -> int:
+def _root(
+    collective: str, programs: list[RankProgram], in_place: bool, given, fail, tbs: list[int]
+) -> int:
     """The rank a broadcast or reduce is written for, read off the program (or ``given`` and
     checked against it). weft's broadcast has no input and starts the root's data in its output,
     so the root is the one rank that reads its input (in place: a chunk of its one buffer that
@@ -321,7 +346,7 @@ def _root(collective: str, programs: list[RankProgram], in_place: bool, given, f
         does, do = "writes its output", "write their output"
         why = "a reduce's root is the rank whose output receives the result"
         tests = [_writes_output] * ranks
-    found = {r: where for r, p in enumerate(programs) if (where := _first(p, r, tests[r]))}
+    found = {r: where for r, p in enumerate(programs) if (where := _first(p, r, tests[r], tbs))}
     if not found:
         fail("<algo>", f"no rank {does}: {why}")
     named = [f"{r} ({where})" for r, where in found.items()]
@@ -342,17 +367,21 @@ def _root(collective: str, programs: list[RankProgram], in_place: bool, given, f
     if collective == "broadcast" and not in_place:
         # Out of place, MSCCL's root has its data in its input only: what it reads of its
         # output must have been written there (weft's output would hold the data already).
-        where = _first(programs[root], root, _reads_unwritten(programs[root], ("output",)))
+        test = _reads_unwritten(programs[root], ("output",))
+        where = _first(programs[root], root, test, tbs)
         if where:
             fail(where, "the root reads its output where none of its steps writes it")
     return root
 
 
-def _first(program: RankProgram, rank: int, test) -> str | None:
-    """The element of the program's first step, in thread block order, that passes ``test``."""
+def _first(program: RankProgram, rank: int, test, tbs: list[int]) -> str | None:
+    """The element of the program's first step, in thread block order, that passes ``test``
+    (``tbs``: each rank's number of thread blocks; a channel after them holds its copies)."""
     for c, channel in enumerate(program.channels):
         for i, step in enumerate(channel.steps):
             if test(step):
+                if c >= tbs[rank]:
+                    return f"<gpu id={rank}>'s <copy> number {i + 1}"
                 return f"<gpu id={rank}> <tb id={c}> <step s={i}>"
     return None
 
@@ -406,6 +435,17 @@ def _input_as_output(program: RankProgram) -> RankProgram:
             steps.append(step)
         channels.append(Channel(steps, channel.tag))
     return RankProgram(channels, program.scratch)
+
+
+def _copy(element, where: str, number, place) -> Step:
+    """A ``<copy i_off o_off>`` (SCCL's and TACCL's): input chunk i_off copied to output chunk
+    o_off; a copy onto itself (in place, where the two name one chunk) is an empty step."""
+    at = f"{where} <copy i_off={element.get('i_off')} o_off={element.get('o_off')}>"
+    local = place(Span("input", number(element, "i_off", at), 1))
+    dst = place(Span("output", number(element, "o_off", at), 1))
+    if local == dst:
+        return Step(count=0)
+    return Step(local=local, dst=dst, count=1, copy_sends=True)
 
 
 def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail, place) -> Channel:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -82,13 +83,23 @@ def main() -> None:
 
 
 def summary(report: dict) -> str:
-    """busbw (GB/s) per size and system, in-place allreduce, as a markdown table."""
+    """The command, when and where it ran, and busbw (GB/s) per size and system, in-place
+    allreduce, as markdown."""
+    machine = report["machine"]
+    header = [
+        f"`python bench/hier_netns.py {shlex.join(sys.argv[1:])}`",
+        "",
+        f"{machine['date'][:10]}, {machine['cpu_model']} ({machine['cores']} cores, load average "
+        f"{machine['load_average']} at the start), {report['config']['layout']}: busbw (GB/s) of "
+        "the in-place allreduce.",
+        "",
+    ]
     names = [s["name"] for s in report["systems"]]
     table: dict[int, dict[str, float]] = {}
     for r in report["results"]:
         if r["in_place"]:
             table.setdefault(r["bytes"], {})[r["system"]] = r["busbw_GBps"]
-    lines = ["| bytes | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = header + ["| bytes | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for nbytes in sorted(table):
         row = table[nbytes]
         lines.append(

@@ -1,11 +1,13 @@
 """A rank SIGKILLed while the communicator is created (docs/failures.md), world size 4, the
-victim rank 1, at the three moments of the bootstrap:
+victim rank 1, at the three moments of the bootstrap (the second also under attack):
 
 - before it reached the store: no rank can tell it from a slow one; the others raise after the
   store's timeout an error saying that rank 1 never joined;
 - after it published its address, before any connection: the survivors raise within 2 s a
   PeerError naming rank 1 (the ranks that connect to it find its port refused, the rank it owes
   a connection sees its listener gone);
+- the same while strangers flood every listening rank's port (test_foreign's attacker): the
+  same;
 - during the handshakes (it connected to rank 0, which had not answered yet): the same.
 
 The mesh is built over TCP whatever WEFT_TRANSPORT says; the transports' own setup after it is
@@ -21,6 +23,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from test_auth import wait_listening
+from test_foreign import Attacker
 from weft_proc import Ranks, outcome, processes_with_token
 
 TIMEOUT_S = 10.0
@@ -99,6 +103,27 @@ def test_killed_after_publishing_its_address(tmp_path):
         return killed_at
 
     assert_named_fast(*run_case(tmp_path, "published", {0}, act))
+
+
+def test_killed_while_strangers_flood_every_listener(tmp_path):
+    """As after publishing, with strangers on the listening ranks' ports all along (test_foreign's
+    attacker: garbage, a slow sender, impostors, a thousand silent connections each): a full
+    listen queue and strangers to drop hide nothing, the survivors name rank 1 within 2 s."""
+
+    def act(ranks, open_gate):
+        listening = [r for r in range(4) if r != 0]  # rank 0 is held before it listens
+        ports = {r: sockets[0][1] for r, sockets in wait_listening(ranks, listening).items()}
+        with Attacker(ports) as attacker:
+            time.sleep(0.5)  # the flood is in the queues and the strangers are being served
+            assert attacker.flooding() > 0
+            os.kill(ranks.pids[VICTIM], signal.SIGKILL)
+            killed_at = time.time()
+            open_gate()
+            time.sleep(KILL_BOUND_S + 0.5)  # still attacked while the survivors find out
+            assert attacker.sent > 0
+        return killed_at
+
+    assert_named_fast(*run_case(tmp_path, "flooded", {0}, act))
 
 
 def test_killed_during_the_handshakes(tmp_path):

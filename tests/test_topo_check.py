@@ -12,13 +12,13 @@ import pytest
 from weft import topo
 from weft._C.topo import Topology as Shape
 from weft.topo import Span, Step
+from weft.topo.algorithm import ROOTED
 from weft.topo.builtin import TUNED, host_layout
 from weft.topo.check import MODELLED_ELEMENTS
 
 WORLDS = range(1, 34)
 IN_PLACE = ("allreduce", "reduce", "allgather", "reduce_scatter")
 AVG = ("allreduce", "reduce_scatter", "reduce")
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
 # (count, slot_bytes, slots): one slice per step, nothing, one element, and many small slices
 # through two slots, so that finite buffering and slicing both show.
 SHAPES = ((5, 256 << 10, 8), (0, 256 << 10, 8), (1, 256 << 10, 8), (7, 8, 2))

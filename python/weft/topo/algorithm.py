@@ -28,6 +28,8 @@ from pathlib import Path
 FORMAT = "weft-algorithm/1"
 BUFFERS = ("input", "output", "scratch")
 KINDS = ("fused", "exchange", "local_reduce", "reduce")
+# The collectives that have a root.
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
 # Collectives and, for each, the element counts of (input, output) on rank r of n with root t;
 # count is what the collective's call passes (per rank for allreduce, per block otherwise).
 COLLECTIVES = {

@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from weft.topo.algorithm import Algorithm, AlgorithmError
+from weft.topo.algorithm import ROOTED, Algorithm, AlgorithmError
 from weft.topo.check import check
-from weft.topo.msccl import ROOTED, AmbiguousRoot, load_msccl
+from weft.topo.msccl import AmbiguousRoot, load_msccl
 from weft.topo.msccl import load_file as load_algorithm_file
 from weft.topo.run import plan_of, scaled
 

@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from weft.topo.algorithm import (
+    ROOTED,
     Algorithm,
     AlgorithmError,
     Channel,
@@ -46,8 +47,6 @@ COLLECTIVES = {
     "broadcast": "broadcast",
     "reduce": "reduce",
 }
-# The collectives that have a root.
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
 # Step type -> (receives, reads src, writes dst, sends)
 STEP_TYPES = {
     "s": (False, True, False, True),

@@ -71,25 +71,30 @@ def allpairs_xml(ranks: int, edit=lambda rank, blocks: blocks) -> str:
     """An out-of-place allreduce in the new format that takes every step kind but the fused
     ring ones: rank r owns chunk r. A thread block per peer sends that peer its chunk of r's
     input and receives the peer's copy of chunk r into scratch; a local block copies r's own
-    chunk to the output (cpy), reduces each peer's scratch slot into it (re, each waiting on
-    that peer's receive), and ends in a nop the peer blocks wait on before they send the sum
-    and receive the peer's sum into the output."""
+    chunk to the output (cpy) and reduces every peer's scratch slot into it (re), waiting first
+    for every receive as msccl-tools writes a step of several dependencies: a nop for each but
+    the last, which the first re carries (the re steps after it fuse into one in MSCCL's
+    runtime). The last re marks the sum (hasdep), which the peer blocks wait for before they
+    send it and receive the peer's sum into the output."""
     gpus = []
     for r in range(ranks):
         peers = [p for p in range(ranks) if p != r]
-        local = len(peers)  # the local block comes after the peer blocks
+        local, last = len(peers), 2 * len(peers) - 1  # the local block, the index of its last re
         blocks = []
         for b, p in enumerate(peers):
             steps = [
                 step(0, "s", ("i", p), ("s", 0)),  # lands in the peer's scratch
                 step(1, "r", ("s", b), ("s", b), hasdep=1),
-                step(2, "s", ("o", r), ("o", r), dep=(local, len(peers) + 1)),
+                step(2, "s", ("o", r), ("o", r), dep=(local, last)),
                 step(3, "r", ("o", p), ("o", p)),
             ]
             blocks.append((f'id="{b}" send="{p}" recv="{p}" chan="0"', steps))
         steps = [step(0, "cpy", ("i", r), ("o", r))]
-        steps += [step(1 + b, "re", ("s", b), ("o", r), dep=(b, 1)) for b in range(len(peers))]
-        steps.append(step(len(peers) + 1, "nop", cnt=0, hasdep=1))
+        steps += [step(1 + b, "nop", cnt=0, dep=(b, 1)) for b in range(len(peers) - 1)]
+        for b in range(len(peers)):
+            first, marks = b == 0, int(b == len(peers) - 1)
+            dep = (len(peers) - 1, 1) if first else (-1, -1)
+            steps.append(step(len(peers) + b, "re", ("s", b), ("o", r), dep=dep, hasdep=marks))
         blocks.append((f'id="{local}" send="-1" recv="-1" chan="0"', steps))
         attrs = f'id="{r}" i_chunks="{ranks}" o_chunks="{ranks}" s_chunks="{len(peers)}"'
         gpus.append((attrs, edit(r, blocks)))
@@ -364,9 +369,10 @@ def test_scratch_local_steps_and_dependencies_import_and_pass(tmp_path, ranks):
     program = algo.programs[0]
     assert program.scratch == ranks - 1 and len(program.channels) == ranks
     local = program.channels[-1].steps
-    assert [s.name for s in local] == ["copy"] + ["reduce"] * (ranks - 1) + ["nop"]
-    assert [s.deps for s in local[1:-1]] == [[(b, 1)] for b in range(ranks - 1)]
-    assert program.channels[0].steps[2].deps == [(ranks - 1, ranks)]
+    assert [s.name for s in local] == ["copy"] + ["nop"] * (ranks - 2) + ["reduce"] * (ranks - 1)
+    waits = [[(b, 1)] for b in range(ranks - 1)] + [[]] * (ranks - 2)
+    assert [s.deps for s in local[1:]] == waits
+    assert program.channels[0].steps[2].deps == [(ranks - 1, 2 * ranks - 3)]
     report = topo.check(algo)
     assert report.ok, report
     assert topo.check(load(tmp_path, pair_rrc_xml())).ok
@@ -603,7 +609,26 @@ def test_seeded_bugs_in_them_are_named(tmp_path):
     assert "dst scratch[1:2] lies outside scratch (1 elements)" in [e.text for e in report.errors]
 
 
-def test_a_dependency_msccls_runtime_never_signals_is_refused(tmp_path):
+def test_dependencies_are_released_as_msccls_runtime_releases_them(tmp_path):
+    """A thread block raises its flag after a transfer marked hasdep=1, never after a nop, and a
+    waiter on step s waits for the first marked transfer from s on (here a peer's receive of
+    the sum, which waits for the reduction: a deadlock the checker names); a nop's dependency
+    passes to the next transfer, which must have a depid of its own; a nop without one counts
+    no place in the block. What the runtime would wait on forever, or reject, is refused."""
+
+    def marks_later(rank, blocks):
+        if rank == 0:  # the receive into scratch unmarked, the receive of the sum marked
+            blocks[1][1][1]["hasdep"], blocks[1][1][3]["hasdep"] = 0, 1
+        return blocks
+
+    algo = load(tmp_path, allpairs_xml(3, marks_later))
+    assert algo.programs[0].channels[2].steps[2].deps == [(1, 3)]
+    report = topo.check(algo)
+    assert [e.text for e in report.errors] == [
+        "deadlock: rank 0 channel 2 step 2 waits for its channel 1 to finish step 3; "
+        "rank 0 channel 1 step 2 waits for its channel 2 to finish step 3"
+    ], report
+
     def unmarked(rank, blocks):
         if rank == 2:
             blocks[1][1][1]["hasdep"] = 0
@@ -611,10 +636,43 @@ def test_a_dependency_msccls_runtime_never_signals_is_refused(tmp_path):
 
     with pytest.raises(
         topo.AlgorithmError,
-        match=r"<gpu id=2> <tb id=2> <step s=2>: depends on step 1 of thread block 1, but "
-        "neither it nor a later step of that block has hasdep=1",
+        match=r"<gpu id=2> <tb id=2> <step s=2>: depends on step 1 of thread block 1, but no "
+        r"transfer of that block from there on has hasdep=1 \(a nop raises no flag\)",
     ):
         load(tmp_path, allpairs_xml(3, unmarked))
+
+    def sum_marked_by_a_nop(rank, blocks):
+        if rank == 1:  # the peers wait on a nop after the last reduction
+            steps = blocks[-1][1]
+            steps[-1]["hasdep"] = 0
+            steps.append(step(len(steps), "nop", cnt=0, hasdep=1))
+            for _, peer_steps in blocks[:-1]:
+                peer_steps[2]["deps"] = len(steps) - 1
+        return blocks
+
+    never = r"<gpu id=1> <tb id=0> <step s=2>: depends on step 4 of thread block 2, but no "
+    with pytest.raises(topo.AlgorithmError, match=never + r"transfer .*\(a nop raises no flag\)"):
+        load(tmp_path, allpairs_xml(3, sum_marked_by_a_nop))
+
+    def nothing_carries_the_nops(rank, blocks):
+        if rank == 0:
+            blocks[-1][1][2].update(depid=-1, deps=-1)  # the first re
+        return blocks
+
+    inherits = "<gpu id=0> <tb id=2> <step s=2>: takes the dependency of the nop at s=1 but "
+    with pytest.raises(topo.AlgorithmError, match=inherits + "has no depid of its own"):
+        load(tmp_path, allpairs_xml(3, nothing_carries_the_nops))
+
+    def nop_without_a_dependency(rank, blocks):
+        if rank == 0:  # the local block's flag then reaches 2 where the peers wait for 3
+            blocks[-1][1][1].update(depid=-1, deps=-1)
+            blocks[-1][1][2].update(depid=0, deps=1)
+        return blocks
+
+    shifted = "<gpu id=0> <tb id=0> <step s=2>: depends on step 3 of thread block 2, but no"
+    with pytest.raises(topo.AlgorithmError, match=shifted):
+        load(tmp_path, allpairs_xml(3, nop_without_a_dependency))
+
     with pytest.raises(topo.AlgorithmError, match="<step s=1>: hasdep='yes': use 0 or 1"):
         load(tmp_path, allpairs_xml(3).replace('hasdep="1"', 'hasdep="yes"', 1))
     with pytest.raises(topo.AlgorithmError, match="depends on step 9 of thread block 0, which has"):

@@ -117,13 +117,11 @@ int import_peer(const py::dict& d, const char* key, const std::string& where) {
 // A family named for a collective whose families depend on the world must
 // have a form on this one (rhd's allgather, say, needs a power of two).
 void check_family_fits(const PlanRequest& q, const std::vector<int>& hosts) {
-  static const char* const kTuned[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
-                                       "reduce"};
-  if (q.algorithm == "auto" ||
-      std::find(std::begin(kTuned), std::end(kTuned), q.collective) == std::end(kTuned)) {
-    return;
-  }
-  const Collective c = parse_collective(q.collective);
+  if (q.algorithm == "auto") return;
+  const auto tuned = std::find_if(std::begin(kTunedCollectives), std::end(kTunedCollectives),
+                                  [&](Collective c) { return q.collective == to_string(c); });
+  if (tuned == std::end(kTunedCollectives)) return;
+  const Collective c = *tuned;
   const Topology world = topology_of_hosts(hosts);
   const std::vector<Algorithm> fit = algorithms_for(c, world);
   if (std::find(fit.begin(), fit.end(), parse_algorithm(q.algorithm)) != fit.end()) return;

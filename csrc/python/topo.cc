@@ -121,6 +121,9 @@ void bind_topo(py::module_& parent) {
           "The shape of the world whose rank r lies on host host_of_rank[r] (any numbering), as "
           "a communicator sees its own.");
 
+  py::list tuned;
+  for (Collective c : kTunedCollectives) tuned.append(to_string(c));
+  m.attr("TUNED") = py::tuple(tuned);
   m.def(
       "algorithms_for",
       [](const std::string& collective, const Topology& topo) {

@@ -13,6 +13,12 @@ enum class Collective : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast
 // Algorithm families. Not every family has a form for every collective.
 enum class Algorithm { Auto, Ring, Tree, Rd, Rhd, Hier, Oneshot, Chain };
 
+// The collectives whose family depends on the world (the tuner chooses it);
+// the others have one Plan each.
+constexpr Collective kTunedCollectives[] = {Collective::Allreduce, Collective::ReduceScatter,
+                                            Collective::Allgather, Collective::Broadcast,
+                                            Collective::Reduce};
+
 // Every family but Auto.
 constexpr Algorithm kAllFamilies[] = {Algorithm::Ring, Algorithm::Tree, Algorithm::Rd,
                                       Algorithm::Rhd,  Algorithm::Hier, Algorithm::Oneshot,

@@ -8,6 +8,7 @@ True
 
 from __future__ import annotations
 
+from weft._C.topo import TUNED
 from weft._C.topo import plan as _plan
 from weft.topo.algorithm import Algorithm, Channel, RankProgram, Span, Step
 
@@ -23,10 +24,6 @@ FAMILIES = {
     "scatter": ("direct",),
     "barrier": ("barrier",),
 }
-
-
-# The collectives whose families depend on the world (the others have one Plan each).
-TUNED = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 
 
 def host_layout(ranks: int, hosts) -> list[int]:

@@ -57,7 +57,7 @@ STEP_TYPES = {
     "rrcs": (True, True, True, True),
     "cpy": (False, True, True, False),
     "re": None,  # dst = dst (op) src, locally
-    "nop": None,  # no data: a point to depend on
+    "nop": None,  # no data: its dependency holds the block's next step
 }
 
 
@@ -199,8 +199,8 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
                         "give one of them another chan",
                     )
                 seen[key] = tb.get("id")
+        _release_dependencies(gpu, channels, where, fail)
         programs[rank] = RankProgram(channels, scratch=chunks["s"])
-        _check_dependencies(gpu, programs[rank], where, fail)
         copies = [_copy(element, where, number, place) for element in gpu.findall("copy")]
         if copies:
             # They run first: every thread block's first step waits for the last of them.
@@ -238,28 +238,58 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
     )
 
 
-def _check_dependencies(gpu, program: RankProgram, where: str, fail) -> None:
-    """Each dependency names a step that exists, and one MSCCL's runtime signals: a thread block
-    raises its flag only after steps marked hasdep=1, and a waiter waits for the flag to reach
-    its step, so a step no later step of its block marks would be waited for forever."""
-    marked = [[step.get("hasdep") == "1" for step in tb] for tb in gpu.findall("tb")]
-    for c, channel in enumerate(program.channels):
+def _release_dependencies(gpu, channels: list[Channel], where: str, fail) -> None:
+    """Makes each dependency of the thread blocks' `channels` on a step of another block the
+    step MSCCL's runtime waits for. Its thread blocks run transfers (every step but nop) and
+    raise their flag after a transfer marked hasdep=1, to that transfer's place in the block
+    (its s, less one for each earlier nop without a depid); a waiter on step s waits for the
+    flag to reach s: for the first marked transfer there or later. A dependency that none
+    releases is refused (the runtime would wait forever), as is a nop's dependency that the
+    runtime rejects (_flags)."""
+    tbs = gpu.findall("tb")
+    flags = [_flags(tb, f"{where} <tb id={c}>", fail) for c, tb in enumerate(tbs)]
+
+    def released(at: str, block: int, index: int) -> tuple[int, int]:
+        if index >= len(tbs[block]):
+            fail(at, f"depends on step {index} of thread block {block}, which has "
+                     f"{len(tbs[block])} steps")  # fmt: skip
+        for value, step in flags[block]:
+            if value >= index:
+                return block, step
+        fail(
+            at,
+            f"depends on step {index} of thread block {block}, but no transfer of that block "
+            "from there on has hasdep=1 (a nop raises no flag): MSCCL's runtime would wait for "
+            "it forever",
+        )
+
+    for c, channel in enumerate(channels):
         for i, step in enumerate(channel.steps):
-            at = f"{where} <tb id={c}> <step s={i}>"
-            for block, index in step.deps:
-                if index >= len(marked[block]):
-                    fail(
-                        at,
-                        f"depends on step {index} of thread block {block}, which has "
-                        f"{len(marked[block])} steps",
-                    )
-                if not any(marked[block][index:]):
-                    fail(
-                        at,
-                        f"depends on step {index} of thread block {block}, but neither it nor "
-                        "a later step of that block has hasdep=1: MSCCL's runtime would wait "
-                        "for it forever",
-                    )
+            step.deps = [released(f"{where} <tb id={c}> <step s={i}>", *dep) for dep in step.deps]
+
+
+def _flags(tb, where: str, fail) -> list[tuple[int, int]]:
+    """(value, s) of each time thread block `tb` raises its flag in MSCCL's runtime, in order.
+    A nop's dependency passes to the block's next transfer, which the runtime requires to have
+    a depid of its own (it keeps the nop's in place of the nop)."""
+    flags, skipped, inherited = [], 0, None
+    for index, element in enumerate(tb):
+        has_dep = int(element.get("depid", "-1")) >= 0
+        if element.get("type") == "nop":
+            if has_dep and inherited is None:
+                inherited = index
+            skipped += not has_dep
+            continue
+        if inherited is not None and not has_dep:
+            fail(
+                f"{where} <step s={index}>",
+                f"takes the dependency of the nop at s={inherited} but has no depid of its own, "
+                "which MSCCL's runtime refuses: give it one",
+            )
+        inherited = None
+        if element.get("hasdep") == "1":
+            flags.append((index - skipped, index))
+    return flags
 
 
 def _call_count(collective, ranks, chunks, in_place, where, fail) -> int:

@@ -265,7 +265,7 @@ def test_missing_library(outcomes):
     expect(
         outcomes["missing_library"],
         "InvalidArgument",
-        "libibverbs could not be loaded (/nonexistent/libibverbs.so.1",
+        "WEFT_TRANSPORT=ibverbs: /nonexistent/libibverbs.so.1 could not be loaded (",
     )
 
 

@@ -28,9 +28,12 @@ std::string random_suffix() {
 
 // Maps `fd` read-write; MAP_POPULATE pre-faults the pages so the data path
 // never takes a page fault.
-void* map_fd(int fd, size_t bytes, const std::string& name) {
+// Maps `bytes` of `fd` and closes it (the mapping outlives the descriptor).
+void* map_and_close(int fd, size_t bytes, const std::string& name) {
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (data == MAP_FAILED) fail("mmap", name, errno);
+  const int err = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) fail("mmap", name, err);
   return data;
 }
 
@@ -91,13 +94,7 @@ Segment Segment::create(const std::string& prefix, size_t bytes) {
     ::close(fd);
     fail("allocating shared memory of " + std::to_string(bytes) + " bytes for", segment.name_, err);
   }
-  try {
-    segment.data_ = map_fd(fd, bytes, segment.name_);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  segment.data_ = map_and_close(fd, bytes, segment.name_);
   segment.size_ = bytes;
   return segment;
 }
@@ -118,13 +115,7 @@ Segment Segment::open(const std::string& name, size_t bytes) {
     throw Error("shared-memory segment " + name + " has " + std::to_string(info.st_size) +
                 " bytes, expected " + std::to_string(bytes));
   }
-  try {
-    segment.data_ = map_fd(fd, bytes, name);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  segment.data_ = map_and_close(fd, bytes, segment.name_);
   segment.size_ = bytes;
   return segment;
 }

@@ -9,7 +9,8 @@ with wrong bytes. The same holds for reduce_scatter, allgather and alltoall (cou
 reduce (count, root) and broadcast (count, dtype, root) over each of their families (chain
 among them). The hier allreduce runs with ranks 0, 1 on one host identity and 2, 3 on another
 (shm inside a host, tcp across); the debug checks are tried there too, and through torch's
-DETAIL over shm and tcp."""
+DETAIL over shm and tcp. In debug mode a point-to-point receive of another type than was sent
+fails naming both types, whether its message was set aside or arrived while it waited."""
 
 from __future__ import annotations
 
@@ -130,6 +131,42 @@ def run_calls(made) -> list[dict]:
     return infos
 
 
+def typed_messages(rank: int, send, recv, barrier) -> list[dict]:
+    """Point-to-point with a type mismatch: rank 0 sends rank 1 float32 elements three times
+    (tag 7); rank 1 receives the first two as int32, the first set aside before its receive is
+    posted and the second arriving while it waits, then the third as float32. ``send(array)``,
+    ``recv(array)`` and ``barrier()`` make the calls; rank 1 returns what its receives did."""
+    sent = np.arange(SMALL, dtype=np.float32)
+    got = []
+    if rank == 0:
+        send(sent)
+        time.sleep(0.6)  # rank 1 waits in its second receive by now
+        send(sent)
+        send(sent)
+    elif rank == 1:
+        time.sleep(0.3)  # the first message is set aside
+        got = [outcome(lambda: recv(np.zeros(SMALL, np.int32))) for _ in range(2)]
+        right = np.zeros(SMALL, np.float32)
+        got.append(outcome(lambda: recv(right)))
+        got[-1]["right"] = bool(np.array_equal(right, sent))
+    barrier()  # rank 0's sends complete before rank 1 leaves
+    return [{k: v for k, v in info.items() if k != "value"} for info in got]
+
+
+def typed_problems(results, kind: str) -> list[str]:
+    """Rank 1's receives of another type raised ``kind`` naming both types; the matching one
+    took its message."""
+    got = results[1]["typed"]
+    problems = []
+    for info in got[:2]:
+        text = info.get("message") or ""
+        if info["raised"] != kind or "float32 elements, but the receive takes int32" not in text:
+            problems.append(f"a receive of another type: expected the debug check's {kind}: {info}")
+    if got[2]["raised"] is not None or not got[2]["right"]:
+        problems.append(f"the receive of the type sent: {got[2]}")
+    return problems
+
+
 def scenario_debug(rank, size, store, algo, cases):
     import weft
 
@@ -141,6 +178,8 @@ def scenario_debug(rank, size, store, algo, cases):
     after = np.full(7, rank + 1, np.float32)
     used = outcome(lambda: comm.allreduce(after))
     got["usable"] = used["raised"] is None and bool(np.all(after == size * (size + 1) / 2))
+    got["typed"] = typed_messages(rank, lambda a: comm.send(a, 1, tag=7),
+                                  lambda a: comm.recv(a, 0, tag=7), comm.barrier)  # fmt: skip
     return got
 
 
@@ -155,7 +194,7 @@ def debug_problems(results, kind: str) -> list[str]:
         if not got["usable"]:
             problems.append(f"rank {rank}: an allreduce after the checks failed or was wrong")
         for case, infos in got.items():
-            if case == "usable":
+            if case in ("usable", "typed"):
                 continue
             for info in infos:
                 message = info.get("message") or ""
@@ -180,7 +219,7 @@ def test_debug_checks_list_every_rank_call_on_every_rank(transport):
     args = (algo, DEBUG_CASES)
     with Ranks(scenario_debug, 4, *args, env=env, env_per_rank=per_rank) as ranks:
         results = ranks.results(timeout=180)
-    problems = debug_problems(results, "PeerError")
+    problems = debug_problems(results, "PeerError") + typed_problems(results, "InvalidArgument")
     assert not problems, "\n".join(problems)
 
 
@@ -224,6 +263,12 @@ def scenario_torch_detail(rank, size, store):
     after = torch.full((7,), float(rank + 1))
     dist.all_reduce(after)
     got["usable"] = bool(torch.all(after == size * (size + 1) / 2))
+    got["typed"] = typed_messages(
+        rank,
+        lambda a: dist.send(torch.from_numpy(a), 1, tag=7),
+        lambda a: dist.recv(torch.from_numpy(a), 0, tag=7),
+        dist.barrier,
+    )
     dist.destroy_process_group()
     return got
 
@@ -236,6 +281,7 @@ def test_torch_detail_debug_turns_on_the_checks_through_torch(transport):
     with Ranks(scenario_torch_detail, 4, env=env, env_per_rank=per_rank) as ranks:
         results = ranks.results(timeout=180)
     problems = debug_problems(results, "DistBackendError")
+    problems += typed_problems(results, "ValueError")  # torch raises InvalidArgument so
     assert not problems, "\n".join(problems)
 
 

@@ -264,7 +264,8 @@ void Communicator::connect(Store& store, const std::string& name) {
       [left_notice](int peer) {
         const auto notice = left_notice(peer);
         return notice ? left_words(*notice) : std::string();
-      });
+      },
+      config().debug_checks);
   cost_model_ = tuned_cost_model();
   if (forced_algorithm_ == Algorithm::Auto && config().tune != "off") {
     trials_ = std::make_unique<FamilyTrials>(topology_, cost_model_, rank_);
@@ -1032,19 +1033,19 @@ std::shared_ptr<Work> Communicator::run_plan(Plan plan, const void* in, size_t i
 }
 
 std::shared_ptr<Work> Communicator::send(const void* buf, size_t bytes, int peer, uint32_t tag,
-                                         bool async) {
+                                         bool async, std::optional<DataType> dtype) {
   check_peer(peer, "send", false);
   check_usable();
-  auto work = p2p_->send(buf, bytes, peer, tag);
+  auto work = p2p_->send(buf, bytes, peer, tag, dtype);
   if (!async) work->wait_or_withdraw(timeout_s());
   return work;
 }
 
 std::shared_ptr<Work> Communicator::recv(void* buf, size_t bytes, int peer, uint32_t tag,
-                                         bool async) {
+                                         bool async, std::optional<DataType> dtype) {
   check_peer(peer, "recv", true);
   check_usable();
-  auto work = p2p_->recv(buf, bytes, peer, tag);
+  auto work = p2p_->recv(buf, bytes, peer, tag, dtype);
   if (!async) work->wait_or_withdraw(timeout_s());
   return work;
 }

@@ -114,12 +114,16 @@ class Communicator {
   // same algorithm; ranks out of step fail as with built-in Plans.
   std::shared_ptr<Work> run_plan(Plan plan, const void* in, size_t in_count, void* out,
                                  size_t out_count, DataType dtype, ReduceOp op, bool async);
-  std::shared_ptr<Work> send(const void* buf, size_t bytes, int peer, uint32_t tag, bool async);
+  std::shared_ptr<Work> send(const void* buf, size_t bytes, int peer, uint32_t tag, bool async,
+                             std::optional<DataType> dtype = std::nullopt);
   // Point-to-point calls do not wait for earlier collectives: they progress
   // on their own channel. peer < 0 receives from any rank; Work::source()
   // tells which. A blocking call waits up to the timeout, then withdraws
-  // its request and throws TimeoutError (Work::wait_or_withdraw).
-  std::shared_ptr<Work> recv(void* buf, size_t bytes, int peer, uint32_t tag, bool async);
+  // its request and throws TimeoutError (Work::wait_or_withdraw). `dtype`
+  // says what the bytes are, where the caller knows: with WEFT_DEBUG_CHECKS a
+  // receive refuses a message its sender typed otherwise.
+  std::shared_ptr<Work> recv(void* buf, size_t bytes, int peer, uint32_t tag, bool async,
+                             std::optional<DataType> dtype = std::nullopt);
   // Fails this and every later operation and wakes the peers with an error.
   void abort(const std::string& reason);
   // Leaves the group (torch's destroy_process_group): during an operation,

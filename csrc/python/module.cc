@@ -276,7 +276,7 @@ class PyCommunicator {
     views.emplace_back(buf, "buf", false);
     const BufferView& b = views[0];
     return run(std::move(views), py::none(), async_,
-               [&] { return comm_->send(b.data(), b.bytes(), peer, tag, async_); });
+               [&] { return comm_->send(b.data(), b.bytes(), peer, tag, async_, b.dtype()); });
   }
 
   py::object recv(const py::object& buf, std::optional<int> peer, uint32_t tag, bool async_) {
@@ -285,7 +285,7 @@ class PyCommunicator {
     const BufferView& b = views[0];
     return run(
         std::move(views), py::none(), async_,
-        [&] { return comm_->recv(b.data(), b.bytes(), peer.value_or(-1), tag, async_); },
+        [&] { return comm_->recv(b.data(), b.bytes(), peer.value_or(-1), tag, async_, b.dtype()); },
         /*returns_source=*/true);
   }
 

@@ -45,7 +45,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::send(std::vector<at::Tensor>& tensor
   }
   const at::Tensor& t = single_contiguous(tensors, "send", "input");
   return launch(c10d::OpType::SEND, /*async=*/true, {}, {t}, {}, [&](bool a) {
-    return Works{comm_->send(t.data_ptr(), t.nbytes(), dst_rank, user_tag(tag), a)};
+    return Works{comm_->send(t.data_ptr(), t.nbytes(), dst_rank, user_tag(tag), a,
+                             core_type_of(t.scalar_type()))};
   });
 }
 
@@ -58,7 +59,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::recv(std::vector<at::Tensor>& tensor
   }
   const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECV, /*async=*/true, tensors, {t}, {}, [&](bool a) {
-    return Works{comm_->recv(t.data_ptr(), t.nbytes(), src_rank, user_tag(tag), a)};
+    return Works{comm_->recv(t.data_ptr(), t.nbytes(), src_rank, user_tag(tag), a,
+                             core_type_of(t.scalar_type()))};
   });
 }
 
@@ -71,7 +73,8 @@ c10::intrusive_ptr<c10d::Work> WeftBackend::recvAnysource(std::vector<at::Tensor
   }
   const at::Tensor& t = single_contiguous(tensors, "recv", "output");
   return launch(c10d::OpType::RECVANYSOURCE, /*async=*/true, tensors, {t}, {}, [&](bool a) {
-    return Works{comm_->recv(t.data_ptr(), t.nbytes(), -1, user_tag(tag), a)};
+    return Works{
+        comm_->recv(t.data_ptr(), t.nbytes(), -1, user_tag(tag), a, core_type_of(t.scalar_type()))};
   });
 }
 

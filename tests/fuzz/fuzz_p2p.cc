@@ -2,7 +2,8 @@
 // whatever its peers send. A real P2pEngine, rank 1 of a world of 3, runs
 // over FakeConnection, a test double of weft::Connection that lives in this
 // process: the input, playing ranks 0 and 2, writes each one's stream
-// (messages with the 16-byte header {magic, tag, length} and a payload,
+// (messages with the 16-byte header {magic, element type, tag, length} and a
+// payload,
 // headers claiming any length, raw bytes) while the application posts
 // receives (from rank 0, rank 2 or any rank) and sends, withdraws receives
 // and has a connection fail, at moments the input chooses. The fake hands
@@ -59,8 +60,9 @@
 
 namespace {
 
-constexpr uint32_t kMagic = 0x77667470;  // p2p.cc's
-constexpr size_t kHeaderBytes = 16;      // magic u32, tag u32, length u64
+constexpr uint16_t kMagic = 0x7077;  // p2p.cc's
+constexpr size_t kHeaderBytes = 16;  // magic u16, element type u8, unused u8, tag u32, length u64
+constexpr uint8_t kUntyped = 0xff;
 constexpr size_t kSlotBytes[] = {16, 64, 1000, 4096};
 constexpr size_t kMaxInput = 64 << 10;
 constexpr size_t kMaxLength = 4095;  // of the script's messages, receives and sends
@@ -113,7 +115,8 @@ uint64_t u64(const uint8_t* p) {
 
 std::vector<uint8_t> header(uint32_t tag, uint64_t bytes) {
   std::vector<uint8_t> h(kHeaderBytes);
-  std::memcpy(&h[0], &kMagic, 4);
+  std::memcpy(&h[0], &kMagic, 2);
+  h[2] = kUntyped;
   std::memcpy(&h[4], &tag, 4);
   std::memcpy(&h[8], &bytes, 8);
   return h;
@@ -340,7 +343,9 @@ struct Stream {
 Stream parse(const std::vector<uint8_t>& bytes) {
   Stream s;
   for (size_t pos = 0; bytes.size() - pos >= kHeaderBytes;) {
-    if (u32(&bytes[pos]) != kMagic) {
+    uint16_t magic;
+    std::memcpy(&magic, &bytes[pos], sizeof(magic));
+    if (magic != kMagic) {
       s.corrupt = true;
       break;
     }

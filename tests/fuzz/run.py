@@ -81,7 +81,7 @@ CPP_TARGETS = {
     },
     "fuzz_p2p": {
         "sources": ["exec/p2p.cc", "exec/backoff.cc", "exec/cpu_placement.cc", "exec/work.cc",
-                    "common/config.cc", "common/log.cc", "common/error.cc"],
+                    "common/config.cc", "common/log.cc", "common/error.cc", "common/types.cc"],
         # Ops: 0 bytes, 1 message, 2 header alone, 3 receive (source 0: rank 0, 1: rank 2,
         # 2: any), 4 send, 7 settle. Slots of 64 bytes: a receive from rank 2 posted before
         # its message; rank 0 sends 100 bytes with tag 2, then 6, before their receives (set

@@ -14,7 +14,7 @@
 namespace weft {
 namespace {
 
-constexpr uint32_t kMagic = 0x77667470;  // "wftp"
+constexpr uint16_t kMagic = 0x7077;  // "wp"
 // How often a waiting engine asks whether peers left the group (a syscall a
 // peer), and how long nothing must arrive from one that left before the
 // requests naming it fail: what it sent before it left may still be coming.
@@ -25,12 +25,13 @@ constexpr auto kLeftGrace = std::chrono::milliseconds(50);
 
 P2pEngine::P2pEngine(int rank, std::vector<Connection*> connections, double timeout_s,
                      std::function<void(const std::string&)> on_error,
-                     std::function<std::string(int)> left_group)
+                     std::function<std::string(int)> left_group, bool check_types)
     : rank_(rank),
       conns_(std::move(connections)),
       timeout_s_(timeout_s),
       on_error_(std::move(on_error)),
       left_group_(std::move(left_group)),
+      check_types_(check_types),
       left_why_(conns_.size()),
       last_from_(conns_.size()),
       sends_(conns_.size()),
@@ -61,25 +62,31 @@ std::string P2pEngine::describe(const char* op, uint64_t seq, int peer) const {
   return msg.str();
 }
 
-std::shared_ptr<Work> P2pEngine::send(const void* data, size_t bytes, int peer, uint32_t tag) {
+P2pEngine::TypeCode P2pEngine::type_code(std::optional<DataType> dtype) {
+  return dtype ? static_cast<TypeCode>(*dtype) : kUntyped;
+}
+
+std::shared_ptr<Work> P2pEngine::send(const void* data, size_t bytes, int peer, uint32_t tag,
+                                      std::optional<DataType> dtype) {
   auto work = std::make_shared<Work>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.empty()) throw AbortedError(failed_);
-    sends_[peer].push_back(
-        SendRequest{work, static_cast<const char*>(data), bytes, tag, next_seq_++});
+    sends_[peer].push_back(SendRequest{work, static_cast<const char*>(data), bytes, tag,
+                                       type_code(dtype), next_seq_++});
   }
   cv_.notify_all();
   return work;
 }
 
-std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, int peer, uint32_t tag) {
+std::shared_ptr<Work> P2pEngine::recv(void* data, size_t bytes, int peer, uint32_t tag,
+                                      std::optional<DataType> dtype) {
   auto work = std::make_shared<Work>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.empty()) throw AbortedError(failed_);
-    auto request = std::make_shared<RecvRequest>(
-        RecvRequest{work, static_cast<char*>(data), bytes, peer, tag, next_seq_++});
+    auto request = std::make_shared<RecvRequest>(RecvRequest{
+        work, static_cast<char*>(data), bytes, peer, tag, type_code(dtype), next_seq_++});
     if (!match_stashed(request)) recvs_.push_back(request);
   }
   cv_.notify_all();
@@ -270,6 +277,24 @@ void P2pEngine::fail_requests_of_departed() {
       });
 }
 
+std::string P2pEngine::refusal(const RecvRequest& request, int peer, size_t bytes,
+                               TypeCode dtype) const {
+  const bool sizes_differ = bytes != request.bytes;
+  const bool types_differ =
+      check_types_ && dtype != request.dtype && dtype != kUntyped && request.dtype != kUntyped;
+  if (!sizes_differ && !types_differ) return "";
+  std::string why = describe("recv", request.seq, peer) + ": rank " + std::to_string(peer) +
+                    " sent a message with tag " + std::to_string(request.tag) + " of " +
+                    std::to_string(bytes) + " bytes";
+  if (sizes_differ) {
+    return why + " but the receive buffer has " + std::to_string(request.bytes) +
+           "; post a receive of the size that was sent";
+  }
+  const auto name = [](TypeCode code) { return to_string(static_cast<DataType>(code)); };
+  return why + ", " + name(dtype) + " elements, but the receive takes " + name(request.dtype) +
+         " (WEFT_DEBUG_CHECKS); receive the type that was sent";
+}
+
 // A posted receive may already have its message set aside.
 bool P2pEngine::match_stashed(const std::shared_ptr<RecvRequest>& request) {
   for (size_t p = 0; p < stash_.size(); ++p) {
@@ -278,16 +303,14 @@ bool P2pEngine::match_stashed(const std::shared_ptr<RecvRequest>& request) {
     auto it = std::find_if(queue.begin(), queue.end(),
                            [&](const Stashed& s) { return s.tag == request->tag; });
     if (it == queue.end()) continue;
-    if (it->payload.size() != request->bytes) {
-      finish(request->work,
-             std::make_exception_ptr(InvalidArgument(
-                 describe("recv", request->seq, static_cast<int>(p)) + ": the message with tag " +
-                 std::to_string(request->tag) + " has " + std::to_string(it->payload.size()) +
-                 " bytes but the receive buffer " + std::to_string(request->bytes))));
+    const int peer = static_cast<int>(p);
+    const std::string refused = refusal(*request, peer, it->payload.size(), it->dtype);
+    if (!refused.empty()) {
+      finish(request->work, std::make_exception_ptr(InvalidArgument(refused)));
     } else {
       // An empty message's buffers may be null, which memcpy may not get.
       if (request->bytes > 0) std::memcpy(request->data, it->payload.data(), request->bytes);
-      request->work->set_source(static_cast<int>(p));
+      request->work->set_source(peer);
       finish(request->work);
     }
     queue.erase(it);
@@ -305,7 +328,7 @@ bool P2pEngine::progress_sends(int peer) {
   if (!request.header_sent) {
     void* slot = conn->send_slot();
     if (slot == nullptr) return false;
-    Header header{kMagic, request.tag, request.bytes};
+    Header header{kMagic, request.dtype, 0, request.tag, request.bytes};
     std::memcpy(slot, &header, sizeof(header));
     conn->post_send(sizeof(header));
     request.header_sent = true;
@@ -330,26 +353,21 @@ void P2pEngine::start_arrival(int peer, const Header& header) {
   a = Arrival();
   a.active = true;
   a.tag = header.tag;
+  a.dtype = header.dtype;
   a.bytes = header.bytes;
   auto it = std::find_if(recvs_.begin(), recvs_.end(), [&](const auto& r) {
     return (r->peer < 0 || r->peer == peer) && r->tag == header.tag;
   });
-  if (it != recvs_.end() && (*it)->bytes == header.bytes) {
+  if (it == recvs_.end()) return;
+  const std::string refused = refusal(**it, peer, header.bytes, header.dtype);
+  if (refused.empty()) {
     a.request = *it;
-    recvs_.erase(it);
-    return;
-  }
-  if (it != recvs_.end()) {
-    // Wrong size: the receive fails, and the message is read and dropped.
-    finish((*it)->work,
-           std::make_exception_ptr(InvalidArgument(
-               describe("recv", (*it)->seq, peer) + ": rank " + std::to_string(peer) +
-               " sent a message with tag " + std::to_string(header.tag) + " of " +
-               std::to_string(header.bytes) + " bytes but the receive buffer has " +
-               std::to_string((*it)->bytes) + "; post a receive of the size that was sent")));
-    recvs_.erase(it);
+  } else {
+    // The receive fails, and the message is read and dropped.
+    finish((*it)->work, std::make_exception_ptr(InvalidArgument(refused)));
     a.drained = true;
   }
+  recvs_.erase(it);
 }
 
 char* P2pEngine::next_piece(int peer, size_t n) {
@@ -380,7 +398,7 @@ void P2pEngine::finish_arrival(int peer) {
     a.request->work->set_source(peer);
     finish(a.request->work);
   } else if (!a.drained) {
-    stash_[peer].push_back(Stashed{a.tag, std::move(a.stash)});
+    stash_[peer].push_back(Stashed{a.tag, a.dtype, std::move(a.stash)});
     // A receive posted while this message was arriving may want it.
     for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
       if (match_stashed(*it)) {

@@ -3,13 +3,17 @@
 // completes (post the receive, then the send, then wait: the usual pattern)
 // and never mixes with collective traffic.
 //
-// On the wire a message is a 16-byte header {magic, tag, length} followed by
-// its payload in slot-sized pieces. A message is matched to the oldest posted
-// receive that names its source (or any source) and its tag; one that arrives
+// On the wire a message is a 16-byte header {magic, element type, tag,
+// length} followed by its payload in slot-sized pieces. A message is matched
+// to the oldest posted receive that names its source (or any source) and its
+// tag; one that arrives
 // before its receive is set aside until it is posted, held as its bytes come
 // in (never allocated by the length its header claims); one whose receive
-// has another size fails that receive and is read and dropped. Messages from
-// one source with one tag are matched in the order they were sent.
+// has another size fails that receive and is read and dropped; so does one
+// whose elements the sender typed otherwise than the receive, where the
+// engine checks types (WEFT_DEBUG_CHECKS: otherwise a message is bytes, which
+// a receive may take as any type). Messages from one source with one tag are
+// matched in the order they were sent.
 //
 // Timeouts: a message that stops moving part way (its peer stopped reading or
 // writing) fails the engine after timeout_s, since the connection's stream is
@@ -29,11 +33,13 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "core/common/types.h"
 #include "core/exec/work.h"
 #include "core/transport/connection.h"
 
@@ -45,17 +51,22 @@ class P2pEngine {
   // rank). `on_error` runs (once, on the engine thread) when a peer is lost
   // or a message in flight stops moving for timeout_s; every pending request
   // fails with it. `left_group(p)` says why rank p left the group, or is
-  // empty while it has not.
+  // empty while it has not. `check_types`: a receive refuses a message whose
+  // sender typed its elements otherwise.
   P2pEngine(int rank, std::vector<Connection*> connections, double timeout_s,
             std::function<void(const std::string&)> on_error,
-            std::function<std::string(int)> left_group);
+            std::function<std::string(int)> left_group, bool check_types = false);
   ~P2pEngine();
   P2pEngine(const P2pEngine&) = delete;
   P2pEngine& operator=(const P2pEngine&) = delete;
 
-  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag);
+  // `dtype`: what the bytes are, where the caller knows (none: raw bytes,
+  // which are never refused for their type).
+  std::shared_ptr<Work> send(const void* data, size_t bytes, int peer, uint32_t tag,
+                             std::optional<DataType> dtype = std::nullopt);
   // peer < 0: any source; Work::source() tells which.
-  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag);
+  std::shared_ptr<Work> recv(void* data, size_t bytes, int peer, uint32_t tag,
+                             std::optional<DataType> dtype = std::nullopt);
 
   // Fails every pending and later request with `error`.
   void fail_all(std::exception_ptr error);
@@ -64,8 +75,14 @@ class P2pEngine {
   void set_timeout(double timeout_s) { timeout_s_.store(timeout_s); }
 
  private:
+  // kUntyped, or a DataType's value.
+  using TypeCode = uint8_t;
+  static constexpr TypeCode kUntyped = 0xff;
+  static TypeCode type_code(std::optional<DataType> dtype);
   struct Header {
-    uint32_t magic;
+    uint16_t magic;
+    TypeCode dtype;
+    uint8_t unused;
     uint32_t tag;
     uint64_t bytes;
   };
@@ -74,6 +91,7 @@ class P2pEngine {
     const char* data;
     size_t bytes;
     uint32_t tag;
+    TypeCode dtype;
     uint64_t seq;
     bool header_sent = false;
     size_t posted = 0;  // payload bytes handed to the connection
@@ -84,10 +102,12 @@ class P2pEngine {
     size_t bytes;
     int peer;
     uint32_t tag;
+    TypeCode dtype;
     uint64_t seq;
   };
   struct Stashed {
     uint32_t tag;
+    TypeCode dtype;
     std::vector<char> payload;
   };
   // The message currently arriving from one peer: into its receive's
@@ -95,6 +115,7 @@ class P2pEngine {
   struct Arrival {
     bool active = false;
     uint32_t tag = 0;
+    TypeCode dtype = kUntyped;
     size_t bytes = 0;  // as its header claims: nothing is sized by it
     size_t received = 0;
     std::shared_ptr<RecvRequest> request;
@@ -111,6 +132,9 @@ class P2pEngine {
   char* next_piece(int peer, size_t n);
   void finish_arrival(int peer);
   bool match_stashed(const std::shared_ptr<RecvRequest>& request);
+  // Why `request` cannot take the message from `peer` of `bytes` typed
+  // `dtype` (its tag matched), or empty when it can.
+  std::string refusal(const RecvRequest& request, int peer, size_t bytes, TypeCode dtype) const;
   bool pending() const;
   // A message is on its way in or out (not just a receive waiting).
   bool in_flight() const;
@@ -139,6 +163,7 @@ class P2pEngine {
   std::atomic<double> timeout_s_;
   const std::function<void(const std::string&)> on_error_;
   const std::function<std::string(int)> left_group_;
+  const bool check_types_;
   // Per peer: why it left (empty while it has not; asked every
   // kDepartureCheck at most), and when, since this rank saw it leave,
   // something last arrived from it.

@@ -594,7 +594,7 @@ def test_seeded_bugs_in_them_are_named(tmp_path):
     ), report
 
     def wait_for_the_sum(rank, blocks):
-        if rank == 1:  # the first reduce waits for a receive that waits for every reduce
+        if rank == 1:  # the reductions wait for a receive that waits for them
             blocks[-1][1][1]["deps"] = 3
             blocks[0][1][3]["hasdep"] = 1
         return blocks

@@ -3,8 +3,7 @@
 // over FakeConnection, a test double of weft::Connection that lives in this
 // process: the input, playing ranks 0 and 2, writes each one's stream
 // (messages with the 16-byte header {magic, element type, tag, length} and a
-// payload,
-// headers claiming any length, raw bytes) while the application posts
+// payload, headers claiming any length, raw bytes) while the application posts
 // receives (from rank 0, rank 2 or any rank) and sends, withdraws receives
 // and has a connection fail, at moments the input chooses. The fake hands
 // the engine what a stream holds so far and no more: a piece that has not

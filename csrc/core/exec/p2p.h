@@ -6,14 +6,13 @@
 // On the wire a message is a 16-byte header {magic, element type, tag,
 // length} followed by its payload in slot-sized pieces. A message is matched
 // to the oldest posted receive that names its source (or any source) and its
-// tag; one that arrives
-// before its receive is set aside until it is posted, held as its bytes come
-// in (never allocated by the length its header claims); one whose receive
-// has another size fails that receive and is read and dropped; so does one
-// whose elements the sender typed otherwise than the receive, where the
-// engine checks types (WEFT_DEBUG_CHECKS: otherwise a message is bytes, which
-// a receive may take as any type). Messages from one source with one tag are
-// matched in the order they were sent.
+// tag; one that arrives before its receive is set aside until it is posted,
+// held as its bytes come in (never allocated by the length its header
+// claims); one whose receive has another size fails that receive and is read
+// and dropped; so does one whose elements the sender typed otherwise than the
+// receive, where the engine checks types (WEFT_DEBUG_CHECKS: otherwise a
+// message is bytes, which a receive may take as any type). Messages from one
+// source with one tag are matched in the order they were sent.
 //
 // Timeouts: a message that stops moving part way (its peer stopped reading or
 // writing) fails the engine after timeout_s, since the connection's stream is

@@ -26,9 +26,9 @@ std::string random_suffix() {
   return text;
 }
 
-// Maps `fd` read-write; MAP_POPULATE pre-faults the pages so the data path
-// never takes a page fault.
-// Maps `bytes` of `fd` and closes it (the mapping outlives the descriptor).
+// Maps `bytes` of `fd` read-write and closes it (the mapping outlives the
+// descriptor); MAP_POPULATE pre-faults the pages so the data path never takes
+// a page fault.
 void* map_and_close(int fd, size_t bytes, const std::string& name) {
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int err = errno;

@@ -307,6 +307,58 @@ def test_a_broken_file_is_refused_naming_the_element(tmp_path, edit, message):
         load(tmp_path, ring_xml(3, edit))
 
 
+def idle_blocks(blocks: int) -> str:
+    """A 2-rank in-place allreduce file whose gpus hold `blocks` thread blocks of one nop."""
+    tbs = [
+        (f'id="{b}" send="-1" recv="-1" chan="0"', [step(0, "nop", cnt=0)]) for b in range(blocks)
+    ]
+    gpus = [(f'id="{r}" i_chunks="2" o_chunks="0" s_chunks="0"', tbs) for r in range(2)]
+    return algo_xml('nchunksperloop="2" ngpus="2" coll="allreduce" inplace="1"', gpus)
+
+
+def on_chan(chan: int):
+    return lambda rank, blocks: [(tb.replace('chan="0"', f'chan="{chan}"'), s) for tb, s in blocks]
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            lambda: ring_xml(3, lambda r, s: [dict(x, cnt=72) if x["s"] == 2 else x for x in s]),
+            "<gpu id=0> <tb id=0> <step s=2>: cnt=72: MSCCL's runtime takes counts below 72",
+        ),
+        (
+            lambda: ring_xml(
+                3, lambda r, s: s + [step(len(s) + i, "nop", cnt=0) for i in range(252)]
+            ),
+            "<gpu id=0> <tb id=0>: has 257 steps, where MSCCL's runtime takes at most 256",
+        ),
+        (
+            lambda: allpairs_xml(3, on_chan(33)),
+            "<gpu id=0> <tb id=0>: chan=33: MSCCL's runtime takes chans 0..32",
+        ),
+        (
+            lambda: allpairs_xml(34),
+            "<gpu id=0> <tb id=32>: sends on chan=0 after 32 other thread blocks, where MSCCL's "
+            "runtime takes 32 a chan",
+        ),
+        (lambda: idle_blocks(1025), "<gpu id=0>: has 1025 thread blocks, MSCCL's runtime 1024"),
+    ],
+    ids=["cnt", "steps", "chan", "blocks-per-chan", "blocks"],
+)
+def test_files_past_msccls_runtime_limits_are_refused(tmp_path, text, message):
+    """MSCCL's parser refuses them (and NCCL runs in its place); the importer names the limit."""
+    with pytest.raises(topo.AlgorithmError, match=message.replace("(", r"\(")):
+        load(tmp_path, text())
+
+
+def test_files_at_msccls_runtime_limits_are_taken(tmp_path):
+    assert len(load(tmp_path, idle_blocks(1024)).programs[0].channels) == 1024
+    longest = ring_xml(3, lambda r, s: s + [step(len(s) + i, "nop", cnt=0) for i in range(251)])
+    assert len(load(tmp_path, longest).programs[0].channels[0].steps) == 256
+    assert topo.check(load(tmp_path, allpairs_xml(33))).ok
+
+
 def test_files_that_are_not_algorithms_are_refused(tmp_path):
     with pytest.raises(topo.AlgorithmError, match="not XML"):
         load(tmp_path, "<algo")

@@ -61,6 +61,16 @@ STEP_TYPES = {
 }
 
 
+# What MSCCL's runtime parser refuses in every version of it (msccl-executor-nccl's limits;
+# RCCL's are lower: 64 steps and 64 thread blocks). A file past them is not an algorithm MSCCL
+# runs (it falls back to NCCL), so the importer refuses it too, naming the limit.
+MSCCL_MAX_STEPS = 256  # per thread block (MSCCL_MAX_NUM_STEPS)
+MSCCL_MAX_COUNT = 72  # a step's cnt stays below it (MSCCL_MAX_COUNT)
+MSCCL_MAX_CHANNEL = 32  # the highest chan (NCCL's MAXCHANNELS)
+MSCCL_MAX_BLOCKS_PER_CHANNEL = 32  # thread blocks of a gpu that send (or receive) on one chan
+MSCCL_MAX_BLOCKS = 1024  # thread blocks of a gpu
+
+
 class AmbiguousRoot(AlgorithmError):
     """An in-place reduce whose program lets any of several ranks be the root (each writes its
     buffer): ``roots`` are those ranks; load it with ``root=`` one of them."""
@@ -177,6 +187,8 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
                 fail(where, f"<{child.tag}> inside a <gpu>, which holds <tb> and <copy> elements")
         tb_ids = [number(tb, "id", f"{where} <tb>") for tb in blocks]
         tbs[rank] = len(blocks)
+        if len(blocks) > MSCCL_MAX_BLOCKS:
+            fail(where, f"has {len(blocks)} thread blocks, MSCCL's runtime {MSCCL_MAX_BLOCKS}")
         if tb_ids != list(range(len(blocks))):
             fail(where, f"thread block ids {tb_ids} are not 0..{len(blocks) - 1} in order")
         place = _in_place_layout(collective, rank, rank_count) if in_place else _apart
@@ -187,6 +199,7 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
             fail(where, "has no thread block")
         for side in ("send", "recv"):  # one thread block per (peer, chan) and direction
             seen = {}
+            _blocks_per_channel(blocks, side, where, fail)
             for tb in blocks:
                 key = (tb.get(side), tb.get("chan"))
                 if key[0] != "-1" and key in seen:
@@ -477,6 +490,26 @@ def _copy(element, where: str, number, place) -> Step:
     return Step(local=local, dst=dst, count=1, copy_sends=True)
 
 
+def _blocks_per_channel(blocks, side: str, where: str, fail) -> None:
+    """Refuses a thread block that steps to `side` (send or recv) when MSCCL's runtime has
+    already given that chan's peers of this side to as many blocks as a chan has: every
+    earlier block with a `side` peer on the chan took one."""
+    column = 3 if side == "send" else 0  # STEP_TYPES' sends, receives
+    taken: dict[str, int] = {}
+    for tb in blocks:
+        if tb.get(side) == "-1":
+            continue
+        chan = tb.get("chan")
+        uses = any((STEP_TYPES.get(step.get("type")) or (False,) * 4)[column] for step in tb)
+        if uses and taken.get(chan, 0) >= MSCCL_MAX_BLOCKS_PER_CHANNEL:
+            fail(
+                f"{where} <tb id={tb.get('id')}>",
+                f"{side}s on chan={chan} after {taken[chan]} other thread blocks, where MSCCL's "
+                f"runtime takes {MSCCL_MAX_BLOCKS_PER_CHANNEL} a chan: give it another",
+            )
+        taken[chan] = taken.get(chan, 0) + 1
+
+
 def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail, place) -> Channel:
     tb_id = number(tb, "id", f"{where} <tb>")
     at_tb = f"{where} <tb id={tb_id}>"
@@ -485,6 +518,14 @@ def _channel(tb, rank: int, ranks: int, blocks: int, where: str, number, fail, p
         if peer >= ranks or peer == rank:
             fail(at_tb, f"{name}={peer} is not another rank of {ranks}")
     tag = number(tb, "chan", at_tb)
+    if tag > MSCCL_MAX_CHANNEL:
+        fail(at_tb, f"chan={tag}: MSCCL's runtime takes chans 0..{MSCCL_MAX_CHANNEL}")
+    if len(tb) > MSCCL_MAX_STEPS:
+        fail(
+            at_tb,
+            f"has {len(tb)} steps, where MSCCL's runtime takes at most {MSCCL_MAX_STEPS} a thread "
+            "block: spread them over more thread blocks",
+        )
     steps = []
     for index, element in enumerate(tb):
         at = f"{at_tb} <step s={element.get('s')}>"
@@ -501,6 +542,12 @@ def _step(element, at, send: int, recv: int, tb_id: int, blocks: int, number, fa
     if kind not in STEP_TYPES:
         fail(at, f"type={kind!r}: the importer takes {', '.join(STEP_TYPES)}")
     cnt = number(element, "cnt", at, 0 if kind == "nop" else 1)
+    if kind != "nop" and cnt >= MSCCL_MAX_COUNT:
+        fail(
+            at,
+            f"cnt={cnt}: MSCCL's runtime takes counts below {MSCCL_MAX_COUNT}; split the step "
+            "(a weft Algorithm, saved as JSON, has no such limit)",
+        )
 
     def span(prefix):
         buffer = element.get(f"{prefix}buf")

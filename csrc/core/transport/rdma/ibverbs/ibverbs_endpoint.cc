@@ -18,7 +18,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +25,7 @@
 #include "core/common/config.h"
 #include "core/common/deadline.h"
 #include "core/common/error.h"
+#include "core/common/random_word.h"
 #include "core/transport/rdma/ibverbs/ib_device.h"
 #include "core/transport/rdma/ibverbs/libibverbs.h"
 #include "core/transport/rdma/rdma_wire.h"
@@ -120,7 +120,6 @@ class IbEndpoint : public RdmaEndpoint {
 
   void connect(Socket& control, double timeout_s) {
     open();
-    std::random_device seed;
     WireInfo mine{};
     mine.gid = device_->gid();
     mine.qps = static_cast<uint32_t>(qps_.size());
@@ -129,7 +128,7 @@ class IbEndpoint : public RdmaEndpoint {
     mine.ethernet = device_->ethernet();
     for (size_t i = 0; i < qps_.size(); ++i) {
       mine.qpn[i] = qps_[i]->qp_num;
-      mine.psn[i] = seed() & 0xffffff;
+      mine.psn[i] = random_word() & 0xffffff;
       to_init(qps_[i]);
     }
     WireInfo theirs{};

@@ -60,6 +60,54 @@ LinkCost link_at(const CostModel& model, LinkCost link, size_t bytes) {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
+// A receiver reduces each message (at most a slice) while the next arrives:
+// of a step's reductions only its last message's adds to its transfers.
+double last_message(double bytes, const Topology& topo) {
+  return std::min(bytes, static_cast<double>(topo.slice_bytes));
+}
+
+// A ring of `steps` steps of `chunk` bytes each over `link`, the first
+// `reducing` of them reducing what they receive, cut into rounds whose chunk
+// is at most a Plan step's budget. In a round each rank's link carries every
+// step's messages in turn, and a step's messages go on as they come: the
+// link idles before the next step only for what that step's first message
+// waits for (its latency, its reduction) beyond the rest of the step's
+// messages. In one message a step this is the sum of the steps' messages.
+double ring_time(double steps, double reducing, double chunk, const LinkCost& link, double g,
+                 const Topology& topo) {
+  if (steps == 0 || chunk == 0) return 0;
+  const double rounds = std::max(1.0, std::ceil(chunk / static_cast<double>(topo.step_bytes)));
+  const double c = chunk / rounds;
+  const double messages = std::max(1.0, std::ceil(c / static_cast<double>(topo.slice_bytes)));
+  const double s = c / messages, rest = (messages - 1) * s * link.beta_s_per_b;
+  const double reducing_before_last = std::min(reducing, steps - 1);
+  const double idle = reducing_before_last * std::max(0.0, link.alpha_s + s * g - rest) +
+                      (steps - 1 - reducing_before_last) * std::max(0.0, link.alpha_s - rest);
+  const double last = link.alpha_s + (reducing >= steps ? s * g : 0);
+  return rounds * (steps * c * link.beta_s_per_b + idle + last);
+}
+
+// What recursive halving leaves on its rounds' time of the reductions: the
+// last message of each, from a half of `first` bytes down to one of `last`.
+double halvings_reduced(double first, double last, const Topology& topo) {
+  double reduced = 0;
+  for (double half = first; half >= last && last > 0; half /= 2)
+    reduced += last_message(half, topo);
+  return reduced;
+}
+
+// Recursive halving/doubling's reduce-scatter and allgather over the `p`
+// ranks of its rounds for `bytes`, in rounds of a Plan step's budget per rank
+// (the Plan's cut, which keeps each pass in cache).
+double halving_doubling_time(int p, double bytes, const LinkCost& link, double g,
+                             const Topology& topo) {
+  const double rounds =
+      std::max(1.0, std::ceil(bytes / (static_cast<double>(topo.step_bytes) * p)));
+  const double b = bytes / rounds;
+  return rounds * (2 * log2_floor(p) * link.alpha_s + 2 * (p - 1.0) / p * b * link.beta_s_per_b +
+                   halvings_reduced(b / 2, b / p, topo) * g);
+}
+
 // Rounds of recursive doubling between ranks of one host: the partner at
 // distance 2^k shares the host while 2^k < ranks_per_host. Counted only where
 // every round pairs ranks as numbered (no fold) and hosts are whole blocks.
@@ -211,22 +259,22 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   if (topo.hosts > 1) shared.beta_s_per_b *= std::max(1, topo.ranks_per_host);
   const int p = 1 << log2_floor(topo.size);
   // The ranks beyond p send their buffer to a partner and get the result
-  // back; the partner reduces each piece as it arrives, so only the last
-  // piece's reduction adds to the transfers.
-  const double piece = std::min(S, static_cast<double>(topo.step_bytes));
-  const double fold = topo.size == p ? 0 : 2 * msg(flat, S) + piece * g;
+  // back (the partner reducing it as it comes).
+  const double fold = topo.size == p ? 0 : 2 * msg(flat, S) + last_message(S, topo) * g;
   // A local copy of the buffer: about half a shared-memory message, which
   // copies the bytes in and out again.
   const double copy = S * model.shm.beta_s_per_b / 2;
   // A chain forwards whole slices: the last of them leaves the root behind
   // the others and then crosses the other n - 2 links, so a buffer of one
-  // slice pays n - 1 full messages (no pipelining within a slice).
+  // slice pays n - 1 full messages (no pipelining within a slice). A slice's
+  // latency (and reduction) holds no link: the n - 1 hops pay each once.
   const double slices = std::max(1.0, std::ceil(S / static_cast<double>(topo.slice_bytes)));
-  const double chain_hops = n - 2 + slices;
+  const double slice = S / slices;
+  const double chain_bytes = (n - 2 + slices) * slice * flat.beta_s_per_b;
   switch (c) {
     case Collective::Allreduce:
       switch (a) {
-        case Algorithm::Ring: return 2 * (n - 1) * msg(flat, S / n) + (n - 1) / n * S * g;
+        case Algorithm::Ring: return ring_time(2 * (n - 1), n - 1, S / n, flat, g, topo);
         case Algorithm::Oneshot:
           // Staged: its own input copied in, the peers' contributions reduced
           // in a pass of their own rather than straight from their messages.
@@ -234,12 +282,11 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
                  (algo::oneshot_stages(topo.size, in_place, bytes, topo.step_bytes) ? 2 * copy : 0);
         case Algorithm::Rd: {
           const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
-          return inside * (msg(model.shm, S) + S * g) + across * (msg(shared, S) + S * g) + fold +
-                 (algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0);
+          const double reduced = last_message(S, topo) * g;
+          return inside * (msg(model.shm, S) + reduced) + across * (msg(shared, S) + reduced) +
+                 fold + (algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0);
         }
-        case Algorithm::Rhd:
-          return 2 * log2_floor(topo.size) * shared.alpha_s +
-                 2 * (p - 1.0) / p * S * shared.beta_s_per_b + (p - 1.0) / p * S * g + fold;
+        case Algorithm::Rhd: return halving_doubling_time(p, S, shared, g, topo) + fold;
         case Algorithm::Tree:
           if (S < algo::kDoubleTreeMinBytes && topo.hosts == 1) {
             // One wide tree: on each level a parent's children send to it
@@ -278,27 +325,21 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       break;
     case Collective::ReduceScatter:
       if (a == Algorithm::Rhd) {
-        // A round's receiver reduces each piece as the next arrives: of its
-        // reductions only the last piece's adds to the transfers.
-        double last_pieces = 0;
-        for (double half = n * S / 2; half >= S && S > 0; half /= 2) {
-          last_pieces += std::min(half, static_cast<double>(topo.step_bytes));
-        }
         return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * shared.beta_s_per_b +
-               last_pieces * g;
+               halvings_reduced(n * S / 2, S, topo) * g;
       }
-      return (n - 1) * (msg(flat, S) + S * g);
+      return ring_time(n - 1, n - 1, S, flat, g, topo);
     case Collective::Allgather:
       if (a == Algorithm::Rhd) {
         return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * shared.beta_s_per_b;
       }
-      return (n - 1) * msg(flat, S);
+      return ring_time(n - 1, 0, S, flat, g, topo);
     case Collective::Broadcast:
-      if (a == Algorithm::Chain) return chain_hops * msg(flat, S / slices);
+      if (a == Algorithm::Chain) return chain_bytes + (n - 1) * flat.alpha_s;
       return log2_ceil(topo.size) * msg(shared, S);
     case Collective::Reduce:
-      if (a == Algorithm::Chain) return chain_hops * (msg(flat, S / slices) + S / slices * g);
-      return log2_ceil(topo.size) * (msg(shared, S) + S * g);
+      if (a == Algorithm::Chain) return chain_bytes + (n - 1) * (flat.alpha_s + slice * g);
+      return log2_ceil(topo.size) * (msg(shared, S) + last_message(S, topo) * g);
     case Collective::Barrier: break;
   }
   return std::numeric_limits<double>::infinity();

@@ -129,10 +129,11 @@ def test_a_folded_rhd_stays_near_the_simulation_in_several_messages(p):
 def test_the_binomial_tree_agrees_where_each_rank_has_one_link(collective):
     """On a full mesh a parent's buffered sends to its children (or their sends to it) cross
     links of their own side by side; the closed form, like a switch where each rank has one
-    link, takes them one after another. On Topology.switch they agree within 8 % from 1 MiB."""
-    for p in (4, 5, 8, 16):
-        world = Topology.switch(p, latency_s=ALPHA / 2, bandwidth_Bps=1 / BETA)
-        for nbytes in (1 << 20, 1 << 22, 1 << 24):
+    link, takes them one after another. On Topology.switch they agree: exactly in one message,
+    within 8 % in several (a child's message can start down or up before its sibling's ends)."""
+    for p in (4, 8, 16):
+        world = Topology.switch(p, latency_s=ALPHA, bandwidth_Bps=1 / BETA)
+        for nbytes in (4096, 1 << 16, 1 << 20, 1 << 22, 1 << 24):
             sim = topo.simulate("tree", world, nbytes, collective=collective, gamma_s_per_b=GAMMA)
             closed = topo.predict("tree", collective, nbytes, world, model())
             assert closed / sim.time_s == pytest.approx(1, abs=0.08), (p, nbytes)

@@ -342,7 +342,10 @@ def on_chan(chan: int):
             "<gpu id=0> <tb id=32>: sends on chan=0 after 32 other thread blocks, where MSCCL's "
             "runtime takes 32 a chan",
         ),
-        (lambda: idle_blocks(1025), "<gpu id=0>: has 1025 thread blocks, MSCCL's runtime 1024"),
+        (
+            lambda: idle_blocks(1025),
+            "<gpu id=0>: has 1025 thread blocks; MSCCL's runtime takes 1024",
+        ),
     ],
     ids=["cnt", "steps", "chan", "blocks-per-chan", "blocks"],
 )

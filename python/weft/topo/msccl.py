@@ -188,7 +188,9 @@ def _convert(top, source: str, elem_size: int, given_root: int | None) -> Algori
         tb_ids = [number(tb, "id", f"{where} <tb>") for tb in blocks]
         tbs[rank] = len(blocks)
         if len(blocks) > MSCCL_MAX_BLOCKS:
-            fail(where, f"has {len(blocks)} thread blocks, MSCCL's runtime {MSCCL_MAX_BLOCKS}")
+            fail(
+                where, f"has {len(blocks)} thread blocks; MSCCL's runtime takes {MSCCL_MAX_BLOCKS}"
+            )
         if tb_ids != list(range(len(blocks))):
             fail(where, f"thread block ids {tb_ids} are not 0..{len(blocks) - 1} in order")
         place = _in_place_layout(collective, rank, rank_count) if in_place else _apart

@@ -71,6 +71,9 @@ void Backoff::wait_a_little(Clock::duration waited, std::initializer_list<Awaite
   const Clock::duration socket_spin_for =
       socket_wait_ == SocketWait::Yield ? Clock::duration(kYieldFor) : kSocketSpinFor;
   if (n > 0 && waited >= socket_spin_for) {
+    for (const Awaited& a : awaited) {
+      if (!a.connection->ready_to_sleep()) return;
+    }
     sleep_on(sockets, n);
     return;
   }

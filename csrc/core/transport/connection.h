@@ -63,6 +63,11 @@ class Connection {
   // Whether readiness_fd() turns readable for both (a completion queue's
   // descriptor: room to send comes back as a completion too).
   virtual bool readiness_by_reading() const { return false; }
+  // Asked just before a waiter sleeps on readiness_fd(): false when the
+  // descriptor may not be slept on yet (something may be there to take at
+  // once), and the waiter goes round again. A descriptor that must be armed
+  // first (a completion queue's) is armed here.
+  virtual bool ready_to_sleep() { return true; }
   // Sleeps until the peer may have posted a message (receiving) or freed room
   // for one (sending), for at most `timeout`. Returns false at once where the
   // transport has nothing to sleep on: the waiter then naps blind.

@@ -66,9 +66,12 @@ class RdmaEndpoint {
   // Up to `max` completions into `out`; returns how many.
   virtual int poll(Completion* out, int max) = 0;
   // A descriptor that turns readable when a completion may be ready, for a
-  // waiter to sleep on after poll() returned nothing; -1 when a completion
-  // may be ready at once, or where the back end has none (then waiters poll).
-  virtual int sleep_fd() { return -1; }
+  // waiter to sleep on once arm_sleep_fd() allowed it; -1 where the back end
+  // has none (then waiters poll).
+  virtual int sleep_fd() const { return -1; }
+  // Readies sleep_fd() to be slept on, just before a waiter sleeps; false
+  // when a completion may be ready at once (the waiter polls again instead).
+  virtual bool arm_sleep_fd() { return false; }
   // Throws PeerError when the peer closed the connection or it failed.
   virtual void check_alive() = 0;
   // Closes the connection so that the peer notices.

@@ -208,10 +208,11 @@ class RdmaConnection : public Connection {
 
   void shutdown() override { endpoint_->close(); }
 
-  // Valid as of the last pump, which every receive and send call ends with
-  // (a waiter calls one just before it sleeps).
-  int readiness_fd() const override { return broken_.empty() ? sleep_fd_ : -1; }
+  int readiness_fd() const override { return broken_.empty() ? endpoint_->sleep_fd() : -1; }
   bool readiness_by_reading() const override { return true; }
+  // After the pump that found nothing (every receive and send call ends with
+  // one).
+  bool ready_to_sleep() override { return broken_.empty() && endpoint_->arm_sleep_fd(); }
 
   size_t slot_bytes() const override { return slot_bytes_; }
   size_t capacity_bytes() const override { return slot_bytes_ * static_cast<size_t>(slots_); }
@@ -296,15 +297,10 @@ class RdmaConnection : public Connection {
     try {
       post_all();
       Completion done[kPollBatch];
-      bool handled = false;
       for (int n; (n = endpoint_->poll(done, kPollBatch)) > 0;) {
-        handled = true;
         for (int i = 0; i < n; ++i) handle(done[i]);
         post_all();
       }
-      // Arming the descriptor costs the provider work (fi_trywait): only a
-      // pump that found nothing does it, and a waiter sleeps only after one.
-      sleep_fd_ = handled ? -1 : endpoint_->sleep_fd();
     } catch (const PeerError& e) {
       fail(e.what());
     }
@@ -598,7 +594,6 @@ class RdmaConnection : public Connection {
   std::deque<uint64_t> pending_cts_;
 
   RegistrationCache cache_;
-  int sleep_fd_ = -1;  // the endpoint's, when nothing was left to poll
   std::string broken_;
   bool out_of_step_ = false;
   std::chrono::steady_clock::time_point last_watch_{}, last_control_check_{};

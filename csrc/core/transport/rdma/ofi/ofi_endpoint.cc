@@ -254,12 +254,14 @@ class OfiEndpoint : public RdmaEndpoint {
     return got;
   }
 
+  int sleep_fd() const override { return wait_fd_; }
   // fi_trywait says whether the descriptor may be slept on: it fails while
-  // completions wait to be read.
-  int sleep_fd() override {
-    if (wait_fd_ < 0) return -1;
+  // completions wait to be read. It costs the provider a pass of its
+  // progress, so it is asked only by a waiter about to sleep.
+  bool arm_sleep_fd() override {
+    if (wait_fd_ < 0) return false;
     fid* queue = &cq_->fid;
-    return fi_trywait(fabric_, &queue, 1) == FI_SUCCESS ? wait_fd_ : -1;
+    return fi_trywait(fabric_, &queue, 1) == FI_SUCCESS;
   }
 
   void check_alive() override {

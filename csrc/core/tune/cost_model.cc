@@ -60,6 +60,9 @@ LinkCost link_at(const CostModel& model, LinkCost link, size_t bytes) {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
+// How many parts of at most `budget` bytes `bytes` goes in (at least one).
+double parts(double bytes, double budget) { return std::max(1.0, std::ceil(bytes / budget)); }
+
 // A receiver reduces each message (at most a slice) while the next arrives:
 // of a step's reductions only its last message's adds to its transfers.
 double last_message(double bytes, const Topology& topo) {
@@ -76,9 +79,9 @@ double last_message(double bytes, const Topology& topo) {
 double ring_time(double steps, double reducing, double chunk, const LinkCost& link, double g,
                  const Topology& topo) {
   if (steps == 0 || chunk == 0) return 0;
-  const double rounds = std::max(1.0, std::ceil(chunk / static_cast<double>(topo.step_bytes)));
+  const double rounds = parts(chunk, static_cast<double>(topo.step_bytes));
   const double c = chunk / rounds;
-  const double messages = std::max(1.0, std::ceil(c / static_cast<double>(topo.slice_bytes)));
+  const double messages = parts(c, static_cast<double>(topo.slice_bytes));
   const double s = c / messages, rest = (messages - 1) * s * link.beta_s_per_b;
   const double reducing_before_last = std::min(reducing, steps - 1);
   const double idle = reducing_before_last * std::max(0.0, link.alpha_s + s * g - rest) +
@@ -101,8 +104,7 @@ double halvings_reduced(double first, double last, const Topology& topo) {
 // (the Plan's cut, which keeps each pass in cache).
 double halving_doubling_time(int p, double bytes, const LinkCost& link, double g,
                              const Topology& topo) {
-  const double rounds =
-      std::max(1.0, std::ceil(bytes / (static_cast<double>(topo.step_bytes) * p)));
+  const double rounds = parts(bytes, static_cast<double>(topo.step_bytes) * p);
   const double b = bytes / rounds;
   return rounds * (2 * log2_floor(p) * link.alpha_s + 2 * (p - 1.0) / p * b * link.beta_s_per_b +
                    halvings_reduced(b / 2, b / p, topo) * g);
@@ -268,7 +270,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   // the others and then crosses the other n - 2 links, so a buffer of one
   // slice pays n - 1 full messages (no pipelining within a slice). A slice's
   // latency (and reduction) holds no link: the n - 1 hops pay each once.
-  const double slices = std::max(1.0, std::ceil(S / static_cast<double>(topo.slice_bytes)));
+  const double slices = parts(S, static_cast<double>(topo.slice_bytes));
   const double slice = S / slices;
   const double chain_bytes = (n - 2 + slices) * slice * flat.beta_s_per_b;
   switch (c) {

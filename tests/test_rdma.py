@@ -149,6 +149,38 @@ def test_bad_memory_key_is_refused(backend):
         assert any(e in message for e in expected), f"rank {rank}: {message}"
 
 
+def scenario_leave_when_done(rank, size, store, timeout_s, rounds):
+    """Communicators made one after another, each rank dropping its own (closing its
+    connections) as soon as its barrier returns, while a slower rank may still be taking that
+    barrier's last messages."""
+    import numpy as np
+    import weft
+
+    def rounds_done():
+        for i in range(rounds):
+            comm = weft.Communicator(store, rank, size, name=f"leave{i}", timeout=timeout_s)
+            comm.allreduce(np.ones(4, np.float32))
+            comm.barrier()
+            del comm
+        return rounds
+
+    return outcome(rounds_done)
+
+
+def test_a_peer_that_leaves_when_done_fails_nobody(backend):
+    """A peer's closed connection (FI_SHUTDOWN, the verbs goodbye) or a write it no longer
+    takes (a credit for its last message) is an error only for a rank still waiting on that
+    peer, after what the peer wrote before it left: a rank whose peers finished first still
+    completes its call. (Over ofi's tcp provider ranks failed within a few rounds when the
+    shutdown was an error at once.)"""
+    env = {**rdma_backends.env(backend), "WEFT_TUNE": "off"}
+    rounds = 20
+    with Ranks(scenario_leave_when_done, 4, SHORT_TIMEOUT_S, rounds, env=env) as ranks:
+        got = [ranks.result(r, timeout=SHORT_TIMEOUT_S * rounds + 60) for r in range(4)]
+    for rank, result in enumerate(got):
+        assert result.get("value") == rounds, f"rank {rank}: {result}"
+
+
 def case_count_writes(ctx, count):
     """The writes each rank's connections post for one 2-rank allreduce of ``count`` floats."""
     import numpy as np
@@ -168,7 +200,8 @@ def test_write_counts_follow_the_protocol(pools, backend, count):
     """Small messages go eagerly (no rendezvous write at all), large ones by rendezvous, where
     each ready-to-send of one rank meets one clear-to-send of the other and one payload write
     of its own; the receiver's other clear-to-send entries were early ones that an eager
-    message left unused; a receiver credits at most one write per message it received."""
+    message left unused; a receiver returns its credits in the headers of the messages it sends
+    back, and writes a Credit of its own at most once per message it received."""
     mine, theirs = pools.get(2, pool_name(backend)).run(case_count_writes, count)
     for me, peer in ((mine, theirs), (theirs, mine)):
         messages = me["eager"] + me["ready_to_send"]
@@ -181,4 +214,4 @@ def test_write_counts_follow_the_protocol(pools, backend, count):
             assert me["ready_to_send"] == used == me["payload"], (me, peer)
             assert peer["unused_clear_to_send"] <= peer["early_clear_to_send"], peer
         # The first barrier's messages, sent before the count began, may be credited in it.
-        assert 0 < peer["credit"] <= messages + 2, (me, peer)
+        assert peer["credit"] <= messages + 2, (me, peer)

@@ -109,7 +109,7 @@ def worlds(stats_dir) -> dict[str, tuple]:
     """name: (scenario, size, environment of every rank, environments by rank)."""
     return {
         "retry_exceeded": (scenario_loop, 2, emulated(), {0: fault("retry_exceeded:40")}),
-        "cq_overflow": (scenario_loop, 2, emulated(**fault("cq_overflow:4")), {}),
+        "cq_overflow": (scenario_loop, 2, emulated(**fault("cq_overflow:2")), {}),
         "device_fatal": (scenario_loop, 2, emulated(**fault("device_fatal:1000")), {}),
         "port_err": (scenario_loop, 2, emulated(**fault("port_err:1000")), {}),
         **{name: (scenario_loop, 2, emulated(), {0: fault(f"{name}:1000")}) for name in QP_EVENTS},

@@ -72,8 +72,12 @@ class RdmaEndpoint {
   // Readies sleep_fd() to be slept on, just before a waiter sleeps; false
   // when a completion may be ready at once (the waiter polls again instead).
   virtual bool arm_sleep_fd() { return false; }
-  // Throws PeerError when the peer closed the connection or it failed.
-  virtual void check_alive() = 0;
+  // Empty while the peer keeps the connection; once it closed it, the words
+  // for that. A closing peer writes nothing more, and what it wrote before
+  // comes out of poll() first (a peer that finished its work and left may
+  // have written what this side has yet to take). Throws PeerError when the
+  // connection failed.
+  virtual std::string closed_by_peer() = 0;
   // Closes the connection so that the peer notices.
   virtual void close() = 0;
   // The largest write the endpoint takes.

@@ -2,8 +2,17 @@
 //
 // Every message takes the next of the receiver's `slots` eager slots, which
 // are the sender's credits: the sender may write message seq once the
-// receiver has freed slot seq - slots, and the receiver says how many it has
-// freed with a Credit write. A message staged by send_slot, or sent with
+// receiver has freed slot seq - slots. The receiver says how many it has
+// freed in the header of each message it writes back. Where short messages
+// go both ways (it wrote to the sender since the sender's last but one
+// message came, which two messages of an exchange in either order satisfy,
+// and the last was eager), it writes a Credit of its own only once half
+// its slots wait to be returned, or when the sender has used every slot it
+// was told of: a sender can wait on credits only then, so it waits no longer
+// than if each freed slot were returned at once, and a Plan's buffering is
+// what the slots say. Elsewhere each freed slot is a Credit at once: where
+// messages go one way (a ring) nothing would carry it, and beside a long
+// message a Credit costs little. A message staged by send_slot, or sent with
 // send_from up to kEagerCopyBytes (copied into staging), is written eagerly:
 // header and payload in one write with immediate. A larger send_from is a
 // rendezvous: the header alone goes into the slot (ready-to-send); when the
@@ -22,10 +31,11 @@
 // whatever order the endpoint delivers them (a reliable connection keeps
 // order; FI_EP_RDM endpoints need not).
 //
-// Counted per transfer: an eager message is one write one way (plus a
-// Credit write back when the receiver frees its slot); a rendezvous message
-// is three (ready-to-send, clear-to-send, payload) plus the Credit: 1.5 round
-// trips when the receiver comes second, half of one when it came first.
+// Counted per transfer: an eager message is one write one way (and a Credit
+// write back for every half of the slots freed, unless messages going back
+// carried it); a rendezvous message is three (ready-to-send, clear-to-send,
+// payload): 1.5 round trips when the receiver comes second, half of one when
+// it came first.
 //
 // The header's length and operation are checked against what the receiver
 // asks for, as tcp and shm check theirs, before any payload is accepted.
@@ -64,7 +74,11 @@ constexpr std::chrono::microseconds kWatchInterval{50};
 // (on a NIC as in the emulator), so a rank only receiving from a killed one
 // would wait out its timeout; the kernel closes a dead process's sockets.
 constexpr std::chrono::milliseconds kControlInterval{1};
-constexpr std::chrono::milliseconds kControlGrace{50};
+// How long a connection still waits once its peer is gone (its control socket
+// or the endpoint closed): a peer that finished its part and left may have
+// written what is still on its way (on another QP, say), and a connection
+// that waits on nothing more from it has no error at all.
+constexpr std::chrono::milliseconds kGoneGrace{50};
 constexpr int kPollBatch = 16;
 
 // rdma_writes(), counted as writes are posted.
@@ -180,24 +194,25 @@ class RdmaConnection : public Connection {
   void progress() override {
     pump();
     const auto now = std::chrono::steady_clock::now();
-    if (broken_.empty() && now - last_watch_ >= kWatchInterval) {
+    if (broken_.empty() && lost_.empty() && now - last_watch_ >= kWatchInterval) {
       last_watch_ = now;
       try {
-        endpoint_->check_alive();
+        lost_ = endpoint_->closed_by_peer();
       } catch (const PeerError& e) {
-        fail(e.what());
+        lost_ = e.what();
       }
+      if (!lost_.empty()) pump();  // what the peer wrote before it left
     }
     // Only while waiting, and still after a grace: a peer may finish its
     // part and exit while its last acknowledgement or message is in flight.
     const bool waiting = recv_waiting_ || done_seq_ != send_seq_;
-    if (!waiting) control_closed_at_.reset();
+    if (!waiting) gone_since_.reset();
     if (broken_.empty() && waiting && now - last_control_check_ >= kControlInterval) {
       last_control_check_ = now;
-      if (!control_closed_at_ && control_.peer_closed()) {
-        control_closed_at_ = now;
-      } else if (control_closed_at_ && now - *control_closed_at_ >= kControlGrace) {
-        fail(control_.loss());
+      if (!gone_since_ && (!lost_.empty() || control_.peer_closed())) {
+        gone_since_ = now;
+      } else if (gone_since_ && now - *gone_since_ >= kGoneGrace) {
+        fail(lost_.empty() ? control_.loss() : lost_);
       }
     }
     if (!broken_.empty()) {
@@ -208,11 +223,15 @@ class RdmaConnection : public Connection {
 
   void shutdown() override { endpoint_->close(); }
 
-  int readiness_fd() const override { return broken_.empty() ? endpoint_->sleep_fd() : -1; }
+  int readiness_fd() const override {
+    return broken_.empty() && lost_.empty() ? endpoint_->sleep_fd() : -1;
+  }
   bool readiness_by_reading() const override { return true; }
   // After the pump that found nothing (every receive and send call ends with
   // one).
-  bool ready_to_sleep() override { return broken_.empty() && endpoint_->arm_sleep_fd(); }
+  bool ready_to_sleep() override {
+    return broken_.empty() && lost_.empty() && endpoint_->arm_sleep_fd();
+  }
 
   size_t slot_bytes() const override { return slot_bytes_; }
   size_t capacity_bytes() const override { return slot_bytes_ * static_cast<size_t>(slots_); }
@@ -285,24 +304,26 @@ class RdmaConnection : public Connection {
                             std::to_string(endpoint_->max_write_bytes()));
     }
     sends_[send_seq_ % slots_] = Send{bytes, operation_, src, nullptr, false, false, 0};
-    *reinterpret_cast<Header*>(outbox_slot(send_seq_)) =
-        Header{bytes, operation_, src != nullptr, 0};
     ++send_seq_;
     pump();
   }
 
-  // Posts what can go, then takes completions, until nothing moves.
+  // Posts what can go, then takes completions, until nothing moves. Once the
+  // endpoint failed (a write the peer did not take, the peer gone) it only
+  // takes what completions are left: the error is the next waiter's (see
+  // progress()), since a peer that finished and left fails the writes that
+  // no longer matter to it (a credit, say).
   void pump() {
     if (!broken_.empty()) return;
     try {
-      post_all();
+      if (lost_.empty()) post_all();
       Completion done[kPollBatch];
       for (int n; (n = endpoint_->poll(done, kPollBatch)) > 0;) {
         for (int i = 0; i < n; ++i) handle(done[i]);
-        post_all();
+        if (lost_.empty()) post_all();
       }
     } catch (const PeerError& e) {
-      fail(e.what());
+      if (lost_.empty()) lost_ = e.what();
     }
   }
 
@@ -335,10 +356,13 @@ class RdmaConnection : public Connection {
     while (written_seq_ < send_seq_ && written_seq_ < peer_freed_ + slots_) {
       Send& s = sends_[written_seq_ % slots_];
       const size_t bytes = sizeof(Header) + (s.src ? 0 : s.bytes);
+      *reinterpret_cast<Header*>(outbox_slot(written_seq_)) =
+          Header{s.bytes, s.operation, s.src != nullptr, freed_seq_};
       if (!write(outbox_slot(written_seq_), bytes, peer_inbox_ + (written_seq_ % slots_) * stride_,
                  peer_key_, Kind::Eager, written_seq_, Wrote::Message, region_.get())) {
         return;
       }
+      credit_sent_ = freed_seq_;
       ++s.pending;
       if (early_cts_ == written_seq_ + 1) {
         early_cts_ = 0;
@@ -363,7 +387,9 @@ class RdmaConnection : public Connection {
   }
 
   void post_credit() {
-    if (credit_sent_ == freed_seq_) return;
+    const uint64_t owed = freed_seq_ - credit_sent_, slots = static_cast<uint64_t>(slots_);
+    const bool defer = short_exchange_ && 2 * owed < slots && arrived_top_ < credit_sent_ + slots;
+    if (owed == 0 || defer) return;
     std::memcpy(outbox_credit(), &freed_seq_, sizeof(freed_seq_));
     if (write(outbox_credit(), sizeof(freed_seq_), peer_inbox_ + credit_offset(), peer_key_,
               Kind::Credit, freed_seq_, Wrote::Control, region_.get())) {
@@ -392,7 +418,14 @@ class RdmaConnection : public Connection {
           return protocol_error("a message into a slot that is not free");
         }
         arrived_[seq % slots_] = seq + 1;
-        return;
+        arrived_top_ = std::max(arrived_top_, seq + 1);
+        const Header& header = *reinterpret_cast<const Header*>(inbox_slot(seq));
+        const bool wrote = written_seq_ != written_at_arrival_;
+        short_exchange_ =
+            (wrote || wrote_before_) && header.rendezvous == 0 && header.length <= kEagerCopyBytes;
+        wrote_before_ = wrote;
+        written_at_arrival_ = written_seq_;
+        return take_credit(header.freed);
       }
       case Kind::ClearToSend: {
         // When it was written the receiver was at most `slots_` messages
@@ -425,13 +458,17 @@ class RdmaConnection : public Connection {
         // An older count overtaken by a newer one (unordered endpoints).
         const uint64_t behind = (peer_freed_ - c.imm) & rdma_wire::kSeqMask;
         if (behind != 0 && behind <= static_cast<uint64_t>(slots_)) return;
-        const uint64_t freed = rdma_wire::seq_after(peer_freed_, c.imm);
-        if (freed > written_seq_) return protocol_error("credit for slots never used");
-        peer_freed_ = freed;
-        return;
+        return take_credit(rdma_wire::seq_after(peer_freed_, c.imm));
       }
     }
     protocol_error("unknown immediate " + std::to_string(c.imm));
+  }
+
+  // The peer's count of our messages it has freed, from a Credit or a header
+  // (either may be overtaken by a newer one on unordered endpoints).
+  void take_credit(uint64_t freed) {
+    if (freed > written_seq_) return protocol_error("credit for slots never used");
+    peer_freed_ = std::max(peer_freed_, freed);
   }
 
   // Message seq's payload may go where the receiver's entry says, if the
@@ -583,6 +620,13 @@ class RdmaConnection : public Connection {
   // free in order (the credits), freed_ the ones freed out of order.
   std::vector<uint64_t> arrived_;
   uint64_t next_ = 0, freed_seq_ = 0, credit_sent_ = 0;
+  uint64_t arrived_top_ = 0;  // 1 + the highest seq that landed
+  // Whether we wrote to the peer between its last three messages (wrote_before_:
+  // between the two before the last; written_at_arrival_: our written_seq_
+  // when the last landed) and the last was short: then our messages carry
+  // the credits.
+  bool short_exchange_ = false, wrote_before_ = false;
+  uint64_t written_at_arrival_ = 0;
   std::deque<uint64_t> held_;
   std::vector<bool> freed_;
   bool header_checked_ = false;
@@ -597,8 +641,11 @@ class RdmaConnection : public Connection {
   std::string broken_;
   bool out_of_step_ = false;
   std::chrono::steady_clock::time_point last_watch_{}, last_control_check_{};
-  // When, while waiting, the control socket was first seen closed.
-  std::optional<std::chrono::steady_clock::time_point> control_closed_at_;
+  // Why the endpoint can no longer carry messages (the peer closed it, a write
+  // failed); empty while it can.
+  std::string lost_;
+  // When, while waiting, the peer was first seen gone.
+  std::optional<std::chrono::steady_clock::time_point> gone_since_;
 };
 
 }  // namespace

@@ -22,7 +22,7 @@ struct Header {
   uint64_t length;
   uint64_t operation;   // op_signature.h
   uint64_t rendezvous;  // 1: the payload follows by clear-to-send
-  uint64_t reserved;
+  uint64_t freed;       // the writer's credit for the other direction (its slots freed)
 };
 
 // Written when the receiver reaches the message, which may be before its

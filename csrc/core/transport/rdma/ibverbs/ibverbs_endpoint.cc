@@ -39,10 +39,6 @@ constexpr uint64_t kReceiveId = ~uint64_t{0};  // never a write's id
 constexpr uint64_t kGoodbyeId = kReceiveId - 1;
 // How long close() waits for its goodbye to land.
 constexpr std::chrono::milliseconds kGoodbyeWait{100};
-// How long completions are still taken after the peer's goodbye: what it
-// wrote before it may share its poll, and the acknowledgements of our last
-// writes may come after it (from another QP).
-constexpr std::chrono::milliseconds kGoodbyeGrace{50};
 // How long a flushed completion waits for the async event that explains it.
 constexpr std::chrono::milliseconds kFlushExplanationWait{100};
 constexpr int kPollBatch = 16;
@@ -211,7 +207,6 @@ class IbEndpoint : public RdmaEndpoint {
         const uint32_t imm = ntohl(c.imm_data);
         if (imm == rdma_wire::kClosingImmediate) {
           peer_closed_ = true;
-          goodbye_at_ = std::chrono::steady_clock::now();
           continue;
         }
         out[got++] = Completion{Completion::Kind::Remote, 0, imm};
@@ -221,14 +216,13 @@ class IbEndpoint : public RdmaEndpoint {
         out[got++] = Completion{Completion::Kind::Local, c.wr_id, 0};
       }
     }
-    if (got == 0 && peer_closed_ &&
-        std::chrono::steady_clock::now() - goodbye_at_ >= kGoodbyeGrace) {
-      throw PeerError(name() + ": the peer closed the connection");
-    }
     return got;
   }
 
-  void check_alive() override { check_faults(); }
+  std::string closed_by_peer() override {
+    check_faults();
+    return peer_closed_ ? name() + ": the peer closed the connection" : "";
+  }
 
   void close() override {
     if (closed_) return;
@@ -254,7 +248,7 @@ class IbEndpoint : public RdmaEndpoint {
   // A peer that closed first is not told (its QPs are gone: the write would
   // wait for its retries).
   void say_goodbye() {
-    if (qps_.empty() || outstanding_[0] >= send_depth_ || peer_closed()) return;
+    if (qps_.empty() || outstanding_[0] >= send_depth_ || goodbye_came()) return;
     ibv_send_wr wr{};
     wr.wr_id = kGoodbyeId;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -275,7 +269,7 @@ class IbEndpoint : public RdmaEndpoint {
 
   // Whether the peer's goodbye has come (now or before), reading what the
   // CQ holds: the connection is closing, nobody else wants it.
-  bool peer_closed() {
+  bool goodbye_came() {
     ibv_wc wc[kPollBatch];
     for (int n; !peer_closed_ && (n = ibv_poll_cq(cq_, kPollBatch, wc)) > 0;) {
       for (int i = 0; i < n; ++i) {
@@ -404,7 +398,6 @@ class IbEndpoint : public RdmaEndpoint {
   int send_depth_ = 0, receive_depth_ = 0;
   uint64_t faults_seen_ = 0;
   bool closed_ = false, peer_closed_ = false;
-  std::chrono::steady_clock::time_point goodbye_at_{};  // when poll() found the goodbye
 };
 
 }  // namespace

@@ -50,6 +50,8 @@
 namespace weft {
 namespace {
 
+constexpr const char* kShutDown = "ofi: the peer closed the connection (FI_SHUTDOWN)";
+
 constexpr uint32_t kApiVersion = FI_VERSION(1, 10);
 constexpr int kPostedReceives = 64;
 constexpr uint64_t kMrModes = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
@@ -264,15 +266,16 @@ class OfiEndpoint : public RdmaEndpoint {
     return fi_trywait(fabric_, &queue, 1) == FI_SUCCESS;
   }
 
-  void check_alive() override {
-    if (av_) return;  // no connection to watch
+  std::string closed_by_peer() override {
+    if (av_ || shut_down_) return shut_down_ ? kShutDown : "";  // av_: no connection to watch
     uint32_t event = 0;
     fi_eq_cm_entry entry{};
     ssize_t n = fi_eq_read(eq_, &event, &entry, sizeof(entry), 0);
-    if (n == -FI_EAGAIN) return;
+    if (n == -FI_EAGAIN) return "";
     if (n == -FI_EAVAIL) event_error();
     if (n < 0) throw PeerError(fi_error("fi_eq_read", static_cast<int>(n)));
-    if (event == FI_SHUTDOWN) throw PeerError("ofi: the peer closed the connection (FI_SHUTDOWN)");
+    shut_down_ = event == FI_SHUTDOWN;
+    return shut_down_ ? kShutDown : "";
   }
 
   void close() override {
@@ -494,6 +497,7 @@ class OfiEndpoint : public RdmaEndpoint {
   fi_addr_t peer_ = 0;    // FI_EP_RDM: the peer in av_; FI_EP_MSG ignores it
   std::string provider_;
   bool local_mr_ = false, virtual_addresses_ = false, rx_cq_data_ = false, closed_ = false;
+  bool shut_down_ = false;  // the peer's FI_SHUTDOWN came
   size_t max_write_ = 0;
   size_t key_bytes_ = sizeof(uint64_t);  // the provider's memory-key size
 };

@@ -277,14 +277,22 @@ class Peer {
         const Kind kind = weft::rdma_wire::kind_of(c.imm);
         delivered_[delivery(kind, c.imm & kSeqMask)] = ++tick_;
         if (kind == Kind::Credit) max_credit_ = std::max<uint64_t>(max_credit_, c.imm & kSeqMask);
+        // An eager immediate's header carries a credit too, as it is in our
+        // inbox when the connection takes the completion.
+        if (kind == Kind::Eager) {
+          Header header;
+          std::memcpy(&header, ours_ + layout_.slot(c.imm & kSeqMask), sizeof(header));
+          max_credit_ = std::max<uint64_t>(max_credit_, header.freed);
+        }
       }
       out[n] = c;
     }
     return n;
   }
 
-  void check_alive() const {
+  std::string closed_by_peer() const {
     if (failed_) throw weft::PeerError("fake endpoint: a write was refused");
+    return "";
   }
 
   // ---- the receiver's side of the run ----
@@ -427,6 +435,10 @@ class Peer {
         header.rendezvous > 1) {
       bug("a message header that does not describe the message");
     }
+    if (header.freed > free_below() || header.freed < last_credit_) {
+      bug("a header crediting slots that were not freed, or fewer than before");
+    }
+    last_credit_ = header.freed;
     const size_t n = message.bytes.size();
     if (header.rendezvous) {
       if (message.staged || bytes != sizeof(Header)) bug("a ready-to-send that is not one");
@@ -521,15 +533,17 @@ class Peer {
     }
     uint64_t freed;
     std::memcpy(&freed, src, sizeof(freed));
-    // The receiver is at most at pos_ + 1 (a receive frees its slot before it
-    // returns), and the oldest message held is not free.
-    const uint64_t free_below = held_.empty() ? pos_ + 1 : held_.front();
-    if ((freed & kSeqMask) != low_bits || freed <= last_credit_ || freed > free_below) {
+    if ((freed & kSeqMask) != low_bits || freed <= last_credit_ || freed > free_below()) {
       bug("a credit for slots that were not freed");
     }
     last_credit_ = freed;
     std::memcpy(&inbox_[layout_.credit()], src, bytes);
   }
+
+  // How many of the peer's messages we may have freed: the receiver is at
+  // most at pos_ + 1 (a receive frees its slot before it returns), and the
+  // oldest message held is not free.
+  uint64_t free_below() const { return held_.empty() ? pos_ + 1 : held_.front(); }
 
   // ---- the peer's script ----
 
@@ -623,7 +637,7 @@ class Peer {
   void post() {
     uint8_t flags = 0;
     if (!script_.get(flags)) return;
-    const Header header{want_.length, want_.operation, flags & 1u, 0};
+    const Header header{want_.length, want_.operation, flags & 1u, max_credit_};
     const size_t at = layout_.slot(posted_);
     std::memcpy(&shadow_[at], &header, sizeof(header));
     std::memcpy(ours_ + at, &header, sizeof(header));
@@ -800,7 +814,7 @@ class FakeEndpoint : public weft::RdmaEndpoint {
     return peer_.write_with_imm(src, bytes, local, remote_address, remote_key, imm, id);
   }
   int poll(Completion* out, int max) override { return peer_.poll(out, max); }
-  void check_alive() override { peer_.check_alive(); }
+  std::string closed_by_peer() override { return peer_.closed_by_peer(); }
   void close() override {}
   size_t max_write_bytes() const override { return kMaxSentBytes; }
   std::string name() const override { return "fake"; }

@@ -110,6 +110,27 @@ double halving_doubling_time(int p, double bytes, const LinkCost& link, double g
                    halvings_reduced(b / 2, b / p, topo) * g);
 }
 
+// The binomial broadcast of `bytes` over a subtree of `n` ranks, from when its
+// root has them: the root sends to its children one after another, the
+// farthest (2^(k-1) ranks away, k = ceil(log2 n)) first, and the child
+// 2^i away roots a subtree of min(2^i, n - 2^i) ranks. A message's latency
+// holds no link, so the j-th child has the bytes j messages' bytes and one
+// latency after its parent. On a power of two every path costs
+// log2(n) messages; on others the shorter subtrees' paths end sooner (and
+// only their chain recurses: log2(n)^2 steps).
+double binomial_broadcast_time(int n, double bytes, const LinkCost& link) {
+  const int k = log2_ceil(n);
+  if (power_of_two(n)) return k * msg(link, bytes);
+  double longest = 0;
+  for (int j = 1; j <= k; ++j) {
+    const int distance = 1 << (k - j);
+    const int subtree = std::min(distance, n - distance);
+    longest = std::max(longest, j * bytes * link.beta_s_per_b + link.alpha_s +
+                                    binomial_broadcast_time(subtree, bytes, link));
+  }
+  return longest;
+}
+
 // The double binary tree's allreduce of `bytes`, in rounds of a Plan step's
 // budget per tree, each tree's half of a round in messages of at most a
 // slice. From 4 ranks a rank is an inner node of one tree, with a parent and
@@ -364,7 +385,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       return ring_time(n - 1, 0, S, flat, g, topo);
     case Collective::Broadcast:
       if (a == Algorithm::Chain) return chain_bytes + (n - 1) * flat.alpha_s;
-      return log2_ceil(topo.size) * msg(shared, S);
+      return binomial_broadcast_time(topo.size, S, shared);
     case Collective::Reduce:
       if (a == Algorithm::Chain) return chain_bytes + (n - 1) * (flat.alpha_s + slice * g);
       return log2_ceil(topo.size) * (msg(shared, S) + last_message(S, topo) * g);

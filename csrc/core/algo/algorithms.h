@@ -97,6 +97,12 @@ inline int wide_tree_depth(int size) {
   }
   return depth;
 }
+// Levels below the root of the double tree's binary trees over `size` ranks.
+inline int double_tree_depth(int size) {
+  int depth = 0;
+  while ((2 << depth) <= size) ++depth;
+  return depth;
+}
 Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
                                   bool finalize);

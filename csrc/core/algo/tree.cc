@@ -108,13 +108,6 @@ TreeNode wide_tree_node(int rank, int size) {
   return node;
 }
 
-// Levels below the root of the double tree's binary trees.
-int double_tree_depth(int size) {
-  int depth = 0;
-  while ((2 << depth) <= size) ++depth;
-  return depth;
-}
-
 // Which channel runs each tree's reduction and broadcast, and how many rounds
 // the broadcasts are listed behind the reductions.
 struct TreeLanes {

@@ -148,7 +148,7 @@ double binomial_broadcast_time(int n, double bytes, const LinkCost& link) {
 // one round of one message a half and 0.91-1.18 of the simulation from 4
 // ranks (32 KiB to 64 MiB; 0.79-0.99 on 5).
 double double_tree_time(const Topology& topo, double bytes, const LinkCost& link, double g) {
-  const int depth = log2_floor(topo.size);
+  const int depth = algo::double_tree_depth(topo.size);
   const double rounds = parts(bytes, 2.0 * static_cast<double>(topo.step_bytes));
   const double round = bytes / rounds, half = round / 2;
   const double message = half / parts(half, static_cast<double>(topo.slice_bytes));

@@ -267,7 +267,8 @@ class OfiEndpoint : public RdmaEndpoint {
   }
 
   std::string closed_by_peer() override {
-    if (av_ || shut_down_) return shut_down_ ? kShutDown : "";  // av_: no connection to watch
+    if (shut_down_) return kShutDown;
+    if (av_) return "";  // no connection to watch
     uint32_t event = 0;
     fi_eq_cm_entry entry{};
     ssize_t n = fi_eq_read(eq_, &event, &entry, sizeof(entry), 0);

@@ -99,14 +99,39 @@ double halvings_reduced(double first, double last, const Topology& topo) {
   return reduced;
 }
 
+// Rounds of recursive doubling between ranks of one host: the partner at
+// distance 2^k shares the host while 2^k < ranks_per_host. Counted only where
+// every round pairs ranks as numbered (no fold) and hosts are whole blocks.
+int rounds_inside_hosts(const Topology& topo) {
+  if (topo.hosts == 1 || !topo.ranks_by_host || !power_of_two(topo.size) ||
+      !power_of_two(topo.ranks_per_host)) {
+    return 0;
+  }
+  return log2_floor(topo.ranks_per_host);
+}
+
+// One pass of recursive halving (or doubling) of `bytes` over `p` ranks: the
+// round with its partner m ranks away (m = p/2, ..., 1) sends m/p of them,
+// over `inside` where the partner shares the host (m < inside_below), else
+// over `across`.
+double halving_pass(int p, double bytes, const LinkCost& across, const LinkCost& inside,
+                    int inside_below) {
+  double t = 0;
+  for (int m = p / 2; m >= 1; m /= 2) {
+    const LinkCost& link = m < inside_below ? inside : across;
+    t += msg(link, bytes * m / p);
+  }
+  return t;
+}
+
 // Recursive halving/doubling's reduce-scatter and allgather over the `p`
 // ranks of its rounds for `bytes`, in rounds of a Plan step's budget per rank
 // (the Plan's cut, which keeps each pass in cache).
-double halving_doubling_time(int p, double bytes, const LinkCost& link, double g,
-                             const Topology& topo) {
+double halving_doubling_time(int p, double bytes, const LinkCost& across, const LinkCost& inside,
+                             int inside_below, double g, const Topology& topo) {
   const double rounds = parts(bytes, static_cast<double>(topo.step_bytes) * p);
   const double b = bytes / rounds;
-  return rounds * (2 * log2_floor(p) * link.alpha_s + 2 * (p - 1.0) / p * b * link.beta_s_per_b +
+  return rounds * (2 * halving_pass(p, b, across, inside, inside_below) +
                    halvings_reduced(b / 2, b / p, topo) * g);
 }
 
@@ -160,17 +185,6 @@ double double_tree_time(const Topology& topo, double bytes, const LinkCost& link
       depth * (2 * link.alpha_s + half * g);
   const double per_round = topo.size == 2 ? 1 : topo.size == 3 ? 1.5 : 2;
   return first + (rounds - 1) * (per_round * round * link.beta_s_per_b + round * g);
-}
-
-// Rounds of recursive doubling between ranks of one host: the partner at
-// distance 2^k shares the host while 2^k < ranks_per_host. Counted only where
-// every round pairs ranks as numbered (no fold) and hosts are whole blocks.
-int rounds_inside_hosts(const Topology& topo) {
-  if (topo.hosts == 1 || !topo.ranks_by_host || !power_of_two(topo.size) ||
-      !power_of_two(topo.ranks_per_host)) {
-    return 0;
-  }
-  return log2_floor(topo.ranks_per_host);
 }
 
 }  // namespace
@@ -311,6 +325,8 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   // Off a ring, several ranks of a host may cross its link at once.
   LinkCost shared = flat;
   if (topo.hosts > 1) shared.beta_s_per_b *= std::max(1, topo.ranks_per_host);
+  // Recursive doubling's and halving's partners closer than this share a host.
+  const int inside_below = 1 << rounds_inside_hosts(topo);
   const int p = 1 << log2_floor(topo.size);
   // The ranks beyond p send their buffer to a partner and get the result
   // back (the partner reducing it as it comes).
@@ -340,7 +356,8 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           return inside * (msg(model.shm, S) + reduced) + across * (msg(shared, S) + reduced) +
                  fold + (algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0);
         }
-        case Algorithm::Rhd: return halving_doubling_time(p, S, shared, g, topo) + fold;
+        case Algorithm::Rhd:
+          return halving_doubling_time(p, S, shared, model.shm, inside_below, g, topo) + fold;
         case Algorithm::Tree:
           if (S < algo::kDoubleTreeMinBytes && topo.hosts == 1) {
             // One wide tree: on each level a parent's children send to it
@@ -374,14 +391,13 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       break;
     case Collective::ReduceScatter:
       if (a == Algorithm::Rhd) {
-        return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * shared.beta_s_per_b +
+        return halving_pass(topo.size, n * S, shared, model.shm, inside_below) +
                halvings_reduced(n * S / 2, S, topo) * g;
       }
       return ring_time(n - 1, n - 1, S, flat, g, topo);
     case Collective::Allgather:
-      if (a == Algorithm::Rhd) {
-        return log2_floor(topo.size) * shared.alpha_s + (n - 1) * S * shared.beta_s_per_b;
-      }
+      if (a == Algorithm::Rhd)
+        return halving_pass(topo.size, n * S, shared, model.shm, inside_below);
       return ring_time(n - 1, 0, S, flat, g, topo);
     case Collective::Broadcast:
       if (a == Algorithm::Chain) return chain_bytes + (n - 1) * flat.alpha_s;

@@ -103,6 +103,12 @@ inline int double_tree_depth(int size) {
   while ((2 << depth) <= size) ++depth;
   return depth;
 }
+// The trees of the tree allreduce, for the cost model's closed form too: the
+// parent of every rank in the balanced in-order binary tree over `size`
+// ranks (across hosts below kDoubleTreeMinBytes), and of `rank` in tree `t`
+// (0 or 1) of the double binary tree; -1 for a root.
+std::vector<int> inorder_tree_parents(int size);
+int double_tree_parent(int rank, int size, int t);
 Plan double_tree_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,
                                   bool finalize);

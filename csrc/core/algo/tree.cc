@@ -30,23 +30,26 @@ TreeNode binomial_node(int rank, int size, int root) {
 }
 
 // Balanced in-order binary tree over positions [lo, hi): the middle position
-// is the root of the range. Fills `parent` and `children` of every position.
-void inorder_tree(int lo, int hi, int up, std::vector<TreeNode>& nodes) {
+// is the root of the range, under `up`.
+void inorder_tree(int lo, int hi, int up, std::vector<int>& parents) {
   if (lo >= hi) return;
   const int mid = lo + (hi - lo) / 2;
-  nodes[mid].parent = up;
-  if (up >= 0) nodes[up].children.push_back(mid);
-  inorder_tree(lo, mid, mid, nodes);
-  inorder_tree(mid + 1, hi, mid, nodes);
+  parents[mid] = up;
+  inorder_tree(lo, mid, mid, parents);
+  inorder_tree(mid + 1, hi, mid, parents);
 }
 
 // This rank's node in the balanced in-order binary tree over ranks 0 .. size-1
 // (the middle rank is the root of a range). Its subtrees are ranges of
 // ranks, so across hosts of consecutive ranks it crosses few host links.
 TreeNode inorder_tree_node(int rank, int size) {
-  std::vector<TreeNode> nodes(size);
-  inorder_tree(0, size, -1, nodes);
-  return nodes[rank];
+  const std::vector<int> parents = inorder_tree_parents(size);
+  TreeNode node;
+  node.parent = parents[rank];
+  for (int r = 0; r < size; ++r) {
+    if (parents[r] == rank) node.children.push_back(r);  // the left subtree's first
+  }
+  return node;
 }
 
 // The parent of position x (1 ... size) of a binary tree by the rule of
@@ -75,19 +78,23 @@ std::vector<int> bit_tree_children(int x, int size) {
   return children;
 }
 
-// This rank's node in tree `t` (0 or 1) of the double binary tree. Tree 0
-// puts rank r at position r + 1, tree 1 at position r (rank 0 at position
-// size): the odd ranks are tree 0's inner nodes and the even ones tree 1's,
-// so every rank is a leaf of one tree and sends and receives about 2n of a
-// buffer of n, as the cost model prices it.
+// Tree 0 puts rank r at position r + 1, tree 1 at position r (rank 0 at
+// position size).
+int double_tree_position(int rank, int size, int t) {
+  return t == 0 ? rank + 1 : (rank == 0 ? size : rank);
+}
+int double_tree_rank_at(int x, int size, int t) { return t == 0 ? x - 1 : x % size; }
+
+// This rank's node in tree `t` (0 or 1) of the double binary tree: the odd
+// ranks are tree 0's inner nodes and the even ones tree 1's, so every rank is
+// a leaf of one tree and sends and receives about 2n of a buffer of n, as the
+// cost model prices it.
 TreeNode double_tree_node(int rank, int size, int t) {
-  const auto position = [&](int r) { return t == 0 ? r + 1 : (r == 0 ? size : r); };
-  const auto rank_at = [&](int x) { return t == 0 ? x - 1 : x % size; };
-  const int x = position(rank);
   TreeNode node;
-  const int up = bit_tree_parent(x, size);
-  if (up > 0) node.parent = rank_at(up);
-  for (int c : bit_tree_children(x, size)) node.children.push_back(rank_at(c));
+  node.parent = double_tree_parent(rank, size, t);
+  for (int c : bit_tree_children(double_tree_position(rank, size, t), size)) {
+    node.children.push_back(double_tree_rank_at(c, size, t));
+  }
   return node;
 }
 
@@ -155,6 +162,17 @@ TreeLanes tree_lanes(const PlanContext& ctx, int split) {
 }
 
 }  // namespace
+
+std::vector<int> inorder_tree_parents(int size) {
+  std::vector<int> parents(static_cast<size_t>(size), -1);
+  inorder_tree(0, size, -1, parents);
+  return parents;
+}
+
+int double_tree_parent(int rank, int size, int t) {
+  const int up = bit_tree_parent(double_tree_position(rank, size, t), size);
+  return up > 0 ? double_tree_rank_at(up, size, t) : -1;
+}
 
 void reduce_up(const TreeNode& node, const Span& in, const Span& acc, const Span& out,
                bool finalize, std::vector<Step>& steps) {

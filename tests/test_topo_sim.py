@@ -151,6 +151,19 @@ def test_the_binomial_broadcast_off_a_power_of_two_agrees_where_each_rank_has_on
         assert closed / sim.time_s == pytest.approx(1, abs=within), nbytes
 
 
+@pytest.mark.parametrize("p", [3, 5, 6, 9, 12, 17, 21])
+def test_the_binomial_reduce_off_a_power_of_two_agrees_where_each_rank_has_one_link(p):
+    """The reduce's mirror of the broadcast: a parent takes its children nearest first on its one
+    link, each once it has come and the link is free, and reduces each while the next arrives.
+    On Topology.switch within 7 % at 4 KiB and 15 % from 64 KiB, where ceil(log2 p) messages
+    were up to 1.73x."""
+    world = Topology.switch(p, latency_s=ALPHA, bandwidth_Bps=1 / BETA)
+    for nbytes, within in ((4096, 0.07), (1 << 16, 0.15), (1 << 20, 0.15), (1 << 22, 0.15)):
+        sim = topo.simulate("tree", world, nbytes, collective="reduce", gamma_s_per_b=GAMMA)
+        closed = topo.predict("tree", "reduce", nbytes, world, model())
+        assert closed / sim.time_s == pytest.approx(1, abs=within), nbytes
+
+
 @pytest.mark.parametrize("p", [4, 8, 16])
 def test_the_double_tree_agrees_where_each_rank_has_one_link(p):
     """The double tree's first round climbs and descends the trees' levels, a parent taking (and

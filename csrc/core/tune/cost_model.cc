@@ -227,6 +227,24 @@ double binomial_broadcast_time(int n, double bytes, const LinkCost& link) {
   return longest;
 }
 
+// The binomial reduce of `bytes` over a subtree of `n` ranks, to when its
+// root has the sum: the broadcast's mirror, where a parent takes its
+// children nearest first (the smallest subtree, ready first) on its one link,
+// each message once it has come (its latency holds no link) and the link is
+// free, and reduces each (`reduce_s`) while the next one arrives. On a power
+// of two every level costs a message and a reduction.
+double binomial_reduce_time(int n, double bytes, const LinkCost& link, double reduce_s) {
+  if (power_of_two(n)) return log2_ceil(n) * (msg(link, bytes) + reduce_s);
+  double taken = 0, reduced = 0;
+  for (int distance = 1; distance < n; distance *= 2) {
+    const int subtree = std::min(distance, n - distance);
+    const double ready = binomial_reduce_time(subtree, bytes, link, reduce_s);
+    taken = std::max(taken, ready + link.alpha_s) + bytes * link.beta_s_per_b;
+    reduced = std::max(reduced, taken) + reduce_s;
+  }
+  return reduced;
+}
+
 // The double binary tree's allreduce of `bytes`, in rounds of a Plan step's
 // budget per tree, each tree's half of a round in messages of at most a
 // slice. From 4 ranks a rank is an inner node of one tree, with a parent and
@@ -478,7 +496,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       return binomial_broadcast_time(topo.size, S, shared);
     case Collective::Reduce:
       if (a == Algorithm::Chain) return chain_bytes + (n - 1) * (flat.alpha_s + slice * g);
-      return log2_ceil(topo.size) * (msg(shared, S) + last_message(S, topo) * g);
+      return binomial_reduce_time(topo.size, S, shared, last_message(S, topo) * g);
     case Collective::Barrier: break;
   }
   return std::numeric_limits<double>::infinity();

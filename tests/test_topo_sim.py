@@ -164,6 +164,23 @@ def test_the_binomial_reduce_off_a_power_of_two_agrees_where_each_rank_has_one_l
         assert closed / sim.time_s == pytest.approx(1, abs=within), nbytes
 
 
+@pytest.mark.parametrize("p", [3, 5, 6, 7, 9, 12, 13])
+def test_recursive_doubling_off_a_power_of_two_agrees_where_each_rank_has_one_link(p):
+    """Off a power of two the ranks that took a folded rank's buffer start their rounds a message
+    late, and their partners, ahead, wait only for what they receive; from the second round a
+    rank waits for its previous message's delivery (the Plan's wait_sends). On Topology.switch
+    the closed form is the simulation's (copies, which the simulation does not price, made
+    nearly free here), where a fold and log2 rounds in a row were up to 1.41x."""
+    world = Topology.switch(p, latency_s=ALPHA, bandwidth_Bps=1 / BETA)
+    m = model()
+    m.shm = topo.LinkCost(ALPHA, BETA / 1e6)
+    for nbytes in (4 * p, 4096, 1 << 16, 1 << 20):
+        nbytes = max(4 * p, nbytes // (4 * p) * 4 * p)
+        sim = topo.simulate("rd", world, nbytes, gamma_s_per_b=GAMMA)
+        closed = topo.predict("rd", "allreduce", nbytes, world, m)
+        assert closed / sim.time_s == pytest.approx(1, abs=0.01), nbytes
+
+
 @pytest.mark.parametrize("p", [4, 8, 16])
 def test_the_double_tree_agrees_where_each_rank_has_one_link(p):
     """The double tree's first round climbs and descends the trees' levels, a parent taking (and

@@ -119,6 +119,9 @@ Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_
 // fold of ranks that take turns on a CPU (PlanContext::shared_cpu), whose
 // Plans the tuner times when a communicator is created.
 bool recursive_doubling_copies_result(int size, bool in_place);
+// The same for a rank of the group that took a folded rank's input (it
+// starts its rounds from Output), or for one that did not.
+bool recursive_doubling_ends_in_scratch(int size, bool in_place, bool folded_in);
 Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // Rabenseifner's allreduce among `ranks` (world ranks in order; `me` is one of
 // them) of Output[base, base + count), reading this rank's data from `from`

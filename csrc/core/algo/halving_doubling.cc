@@ -128,15 +128,18 @@ Buf doubling_round_target(Buf cur, bool in_place) {
 
 }  // namespace
 
-bool recursive_doubling_copies_result(int size, bool in_place) {
+bool recursive_doubling_ends_in_scratch(int size, bool in_place, bool folded_in) {
   const int group = fold_group(size);
-  auto ends_in_scratch = [&](Buf cur) {
-    for (int mask = 1; mask < group; mask *= 2) cur = doubling_round_target(cur, in_place);
-    return cur == Buf::Scratch;
-  };
   // Ranks outside the fold start from Input; those that took a partner's
   // input in start from Output (fold_in).
-  return ends_in_scratch(Buf::Input) || (size > group && ends_in_scratch(Buf::Output));
+  Buf cur = folded_in ? Buf::Output : Buf::Input;
+  for (int mask = 1; mask < group; mask *= 2) cur = doubling_round_target(cur, in_place);
+  return cur == Buf::Scratch;
+}
+
+bool recursive_doubling_copies_result(int size, bool in_place) {
+  return recursive_doubling_ends_in_scratch(size, in_place, false) ||
+         (size > fold_group(size) && recursive_doubling_ends_in_scratch(size, in_place, true));
 }
 
 Plan recursive_doubling_allreduce(const PlanContext& ctx, size_t count, bool in_place,

@@ -206,6 +206,44 @@ double halving_doubling_time(int p, double bytes, const LinkCost& across, const 
                    halvings_reduced(b / 2, b / p, topo) * g);
 }
 
+// Recursive doubling off a power of two, as its Plan runs: the group's first
+// n - group ranks take a folded rank's buffer (a message over `fold` and its
+// reduction, `reduce_s`) before their rounds, while the others start at
+// once. A rank finishes a round once its partner's message (sent when the
+// partner began the round) has come and it reduced it, so ranks whose
+// partners ran ahead wait less than a round; from the second round a rank
+// begins only once its previous message was delivered (the Plan's
+// wait_sends), and it is done once its last one was. A folded rank gets the
+// result from its partner, which sends it after its last round (after that
+// round's message was delivered where the partner copies the result out of
+// scratch first, else once its one link has sent that round's bytes).
+double folded_doubling_time(int n, double bytes, const LinkCost& round, const LinkCost& fold,
+                            double reduce_s, bool partner_copies) {
+  const int group = 1 << log2_floor(n), folded = n - group;
+  const double round_s = msg(round, bytes);
+  std::vector<double> done(group, 0.0), began(group, -1.0), begin(group);
+  for (int i = 0; i < folded; ++i) done[i] = msg(fold, bytes) + reduce_s;
+  for (int mask = 1; mask < group; mask *= 2) {
+    for (int i = 0; i < group; ++i) {
+      begin[i] = began[i] < 0 ? done[i] : std::max(done[i], began[i] + round_s);
+    }
+    for (int i = 0; i < group; ++i) {
+      done[i] = std::max(begin[i], begin[i ^ mask] + round_s) + reduce_s;
+    }
+    began.swap(begin);
+  }
+  double last = 0;
+  for (int i = 0; i < group; ++i) {
+    const double delivered = std::max(done[i], began[i] + round_s);
+    last = std::max(last, delivered);
+    if (i >= folded) continue;
+    const double sent =
+        partner_copies ? delivered : std::max(done[i], began[i] + bytes * round.beta_s_per_b);
+    last = std::max(last, sent + msg(fold, bytes));
+  }
+  return last;
+}
+
 // The binomial broadcast of `bytes` over a subtree of `n` ranks, from when its
 // root has them: the root sends to its children one after another, the
 // farthest (2^(k-1) ranks away, k = ceil(log2 n)) first, and the child
@@ -442,8 +480,16 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
         case Algorithm::Rd: {
           const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
           const double reduced = last_message(S, topo) * g;
+          const double copied =
+              algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0;
+          if (topo.size != p) {
+            const bool partner_copies =
+                algo::recursive_doubling_ends_in_scratch(topo.size, in_place, true);
+            return folded_doubling_time(topo.size, S, shared, flat, reduced, partner_copies) +
+                   copied;
+          }
           return inside * (msg(model.shm, S) + reduced) + across * (msg(shared, S) + reduced) +
-                 fold + (algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0);
+                 copied;
         }
         case Algorithm::Rhd:
           return halving_doubling_time(p, S, shared, model.shm, inside_below, g, topo) + fold;

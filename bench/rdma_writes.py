@@ -1,6 +1,11 @@
-"""The writes weft's RDMA protocol posts per allreduce, counted, over the ofi back end.
+"""The writes weft's RDMA protocol posts per allreduce, counted, over either back end.
 
     FI_PROVIDER=tcp python bench/rdma_writes.py [--bytes 4096,1048576,16777216] [--calls 10]
+    WEFT_IBVERBS_LIB=PATH python bench/rdma_writes.py --transport ibverbs
+
+`--transport ibverbs` counts over the ibverbs back end: on a NIC, or over the tests' verbs
+emulator (`WEFT_IBVERBS_LIB` naming its library, which `tests/rdma_support.py` builds). The
+protocol is the same code over both, so the counts agree where the ranks take the same turns.
 
 Two ranks, a forced ring (`WEFT_ALGO=ring WEFT_TUNE=off`), the default slots (1 MiB x 4).
 Each row is rank 0's mean per call over `--calls` calls of `weft._C.rdma_writes()`: messages
@@ -47,8 +52,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", default="4096,1048576,16777216", help="comma-separated sizes")
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--transport", choices=("ofi", "ibverbs"), default="ofi")
     args = parser.parse_args()
-    env = {"WEFT_TRANSPORT": "ofi", "WEFT_ALGO": "ring", "WEFT_TUNE": "off"}
+    env = {"WEFT_TRANSPORT": args.transport, "WEFT_ALGO": "ring", "WEFT_TUNE": "off"}
     print("| allreduce (bytes) | " + " | ".join(name for name, _ in COLUMNS) + " |")
     print("|---" * (len(COLUMNS) + 1) + "|")
     for nbytes in (int(b) for b in args.bytes.split(",")):

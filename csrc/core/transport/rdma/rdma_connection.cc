@@ -194,7 +194,7 @@ class RdmaConnection : public Connection {
   void progress() override {
     pump();
     const auto now = std::chrono::steady_clock::now();
-    if (broken_.empty() && lost_.empty() && now - last_watch_ >= kWatchInterval) {
+    if (intact() && now - last_watch_ >= kWatchInterval) {
       last_watch_ = now;
       try {
         lost_ = endpoint_->closed_by_peer();
@@ -223,15 +223,11 @@ class RdmaConnection : public Connection {
 
   void shutdown() override { endpoint_->close(); }
 
-  int readiness_fd() const override {
-    return broken_.empty() && lost_.empty() ? endpoint_->sleep_fd() : -1;
-  }
+  int readiness_fd() const override { return intact() ? endpoint_->sleep_fd() : -1; }
   bool readiness_by_reading() const override { return true; }
   // After the pump that found nothing (every receive and send call ends with
   // one).
-  bool ready_to_sleep() override {
-    return broken_.empty() && lost_.empty() && endpoint_->arm_sleep_fd();
-  }
+  bool ready_to_sleep() override { return intact() && endpoint_->arm_sleep_fd(); }
 
   size_t slot_bytes() const override { return slot_bytes_; }
   size_t capacity_bytes() const override { return slot_bytes_ * static_cast<size_t>(slots_); }
@@ -581,6 +577,9 @@ class RdmaConnection : public Connection {
     }
     pump();
   }
+
+  // Neither broken nor lost: the endpoint is still worth watching and sleeping on.
+  bool intact() const { return broken_.empty() && lost_.empty(); }
 
   void protocol_error(const std::string& what) {
     fail(endpoint_->name() + " protocol error from the peer: " + what);

@@ -99,10 +99,10 @@ double halvings_reduced(double first, double last, const Topology& topo) {
   return reduced;
 }
 
-// A tree allreduce across hosts of several consecutive ranks each (with one
-// rank a host, double_tree_time's switch), from its trees' edges
-// (the in-order tree's below kDoubleTreeMinBytes, each carrying the buffer,
-// else the double tree's, each a half of every round). Each level of the
+// A tree allreduce across hosts of several consecutive ranks each (hosts of
+// one rank are double_tree_time's switch), from its trees' edges: the
+// in-order tree's below kDoubleTreeMinBytes, each carrying the buffer, else
+// the double tree's, each a half of every round. Each level of the
 // climb and of the descent (a child's depth) costs a latency, the host link's
 // where one of its edges crosses hosts, and the longer of a parent taking its
 // two children's pieces on its own link and the busiest host link carrying
@@ -110,8 +110,9 @@ double halvings_reduced(double first, double last, const Topology& topo) {
 // costs what the busiest host link carries in a round (up and down), or a
 // parent's link two rounds, and a round's reduction. On Topology.hosts from
 // 2x2 to 16x8 this is 0.87-1.18 of the simulation (exact for the in-order
-// tree where hosts are a power of two), where the host link shared by all
-// of a host's ranks on every level made it 1.2-9x.
+// tree where hosts are a power of two), but 1.5x at 16-64 MiB on 2x2 where a
+// round's reduction costs as much as its transfer: the simulation overlaps
+// the two.
 double tree_across_hosts_time(const Topology& topo, double bytes, const LinkCost& inside,
                               const LinkCost& across, double g) {
   const int n = topo.size, per_host = topo.ranks_per_host;

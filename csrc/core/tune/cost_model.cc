@@ -479,7 +479,6 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           return (n - 1) * (msg(shared, S) + S * g) +
                  (algo::oneshot_stages(topo.size, in_place, bytes, topo.step_bytes) ? 2 * copy : 0);
         case Algorithm::Rd: {
-          const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
           const double reduced = last_message(S, topo) * g;
           const double copied =
               algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0;
@@ -489,6 +488,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
             return folded_doubling_time(topo.size, S, shared, flat, reduced, partner_copies) +
                    copied;
           }
+          const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
           return inside * (msg(model.shm, S) + reduced) + across * (msg(shared, S) + reduced) +
                  copied;
         }
@@ -535,8 +535,9 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       }
       return ring_time(n - 1, n - 1, S, flat, g, topo);
     case Collective::Allgather:
-      if (a == Algorithm::Rhd)
+      if (a == Algorithm::Rhd) {
         return halving_pass(topo.size, n * S, shared, model.shm, inside_below);
+      }
       return ring_time(n - 1, 0, S, flat, g, topo);
     case Collective::Broadcast:
       if (a == Algorithm::Chain) return chain_bytes + (n - 1) * flat.alpha_s;

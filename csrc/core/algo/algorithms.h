@@ -122,6 +122,10 @@ bool recursive_doubling_copies_result(int size, bool in_place);
 // The same for a rank of the group that took a folded rank's input (it
 // starts its rounds from Output), or for one that did not.
 bool recursive_doubling_ends_in_scratch(int size, bool in_place, bool folded_in);
+// The world rank at each position of the power-of-two group that runs the
+// rounds of Rabenseifner's allreduce over `size` ranks (the others fold into
+// the rank above them), for the cost model to see which rounds cross hosts.
+std::vector<int> halving_doubling_group(int size);
 Plan rabenseifner_allreduce(const PlanContext& ctx, size_t count, bool in_place, bool finalize);
 // Rabenseifner's allreduce among `ranks` (world ranks in order; `me` is one of
 // them) of Output[base, base + count), reading this rank's data from `from`

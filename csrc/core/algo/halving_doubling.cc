@@ -227,6 +227,12 @@ size_t rabenseifner_round(const Fold& fold, Buf from, size_t base, size_t count,
 
 }  // namespace
 
+std::vector<int> halving_doubling_group(int size) {
+  std::vector<int> ranks(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  return Fold(ranks, /*me=*/-1).members;
+}
+
 size_t halving_doubling_allreduce_steps(const std::vector<int>& ranks, int me, Buf from,
                                         size_t base, size_t count, bool finalize,
                                         std::vector<Step>& steps) {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "core/algo/algorithms.h"
 #include "core/common/error.h"
@@ -171,75 +172,119 @@ double tree_across_hosts_time(const Topology& topo, double bytes, const LinkCost
                                  round * g);
 }
 
-// Rounds of recursive doubling between ranks of one host: the partner at
-// distance 2^k shares the host while 2^k < ranks_per_host. Counted only where
-// every round pairs ranks as numbered (no fold) and hosts are whole blocks.
-int rounds_inside_hosts(const Topology& topo) {
-  if (topo.hosts == 1 || !topo.ranks_by_host || !power_of_two(topo.size) ||
-      !power_of_two(topo.ranks_per_host)) {
-    return 0;
+// The link that exchanges between the pairs of world ranks `pairs`, all at
+// once, take: on one host, `flat`; across hosts numbered in blocks, shared
+// memory where every pair shares a host, else the host link, whose bandwidth
+// the busiest host's crossing exchanges share (counted at both ends; a link is
+// duplex); where hosts are not blocks, the host link shared by all of a
+// host's ranks.
+LinkCost link_of_pairs(const Topology& topo, const std::vector<std::pair<int, int>>& pairs,
+                       const LinkCost& flat, const LinkCost& inside) {
+  if (topo.hosts == 1) return flat;
+  int busiest = std::max(1, topo.ranks_per_host);
+  if (topo.ranks_by_host && topo.ranks_per_host > 0) {
+    std::vector<int> crossing(static_cast<size_t>(topo.hosts), 0);
+    for (const auto& [a, b] : pairs) {
+      const int host_a = a / topo.ranks_per_host, host_b = b / topo.ranks_per_host;
+      if (host_a == host_b) continue;
+      ++crossing[host_a];
+      ++crossing[host_b];
+    }
+    busiest = *std::max_element(crossing.begin(), crossing.end());
+    if (busiest == 0) return inside;
   }
-  return log2_floor(topo.ranks_per_host);
+  LinkCost link = flat;
+  link.beta_s_per_b *= busiest;
+  return link;
 }
 
-// One pass of recursive halving (or doubling) of `bytes` over `p` ranks: the
-// round with its partner m ranks away (m = p/2, ..., 1) sends m/p of them,
-// over `inside` where the partner shares the host (m < inside_below), else
-// over `across`.
-double halving_pass(int p, double bytes, const LinkCost& across, const LinkCost& inside,
-                    int inside_below) {
+// The link of each round of recursive halving or doubling over `size` ranks,
+// run by the power-of-two group they fold into (algo::halving_doubling_group):
+// round k pairs the group's positions 2^k apart.
+std::vector<LinkCost> halving_round_links(const Topology& topo, const LinkCost& flat,
+                                          const LinkCost& inside) {
+  const int rounds = log2_floor(topo.size);
+  const bool by_host = topo.hosts > 1 && topo.ranks_by_host && topo.ranks_per_host > 0;
+  if (!by_host) return std::vector<LinkCost>(rounds, link_of_pairs(topo, {}, flat, inside));
+  const std::vector<int> group = algo::halving_doubling_group(topo.size);
+  const int p = static_cast<int>(group.size());
+  std::vector<LinkCost> links;
+  std::vector<std::pair<int, int>> pairs;
+  for (int m = 1; m < p; m *= 2) {
+    pairs.clear();
+    for (int i = 0; i < p; ++i) {
+      if (i < (i ^ m)) pairs.emplace_back(group[i], group[i ^ m]);
+    }
+    links.push_back(link_of_pairs(topo, pairs, flat, inside));
+  }
+  return links;
+}
+
+// One pass of recursive halving (or doubling) of `bytes` over the ranks of
+// `links` (halving_round_links): the round with its partner m positions away
+// (m = p/2, ..., 1) sends m/p of them over links[log2 m].
+double halving_pass(double bytes, const std::vector<LinkCost>& links) {
+  const int p = 1 << links.size();
   double t = 0;
-  for (int m = p / 2; m >= 1; m /= 2) {
-    const LinkCost& link = m < inside_below ? inside : across;
-    t += msg(link, bytes * m / p);
+  for (int k = static_cast<int>(links.size()) - 1; k >= 0; --k) {
+    t += msg(links[k], bytes * (1 << k) / p);
   }
   return t;
 }
 
-// Recursive halving/doubling's reduce-scatter and allgather over the `p`
-// ranks of its rounds for `bytes`, in rounds of a Plan step's budget per rank
-// (the Plan's cut, which keeps each pass in cache).
-double halving_doubling_time(int p, double bytes, const LinkCost& across, const LinkCost& inside,
-                             int inside_below, double g, const Topology& topo) {
+// Recursive halving/doubling's reduce-scatter and allgather over the ranks of
+// `links` for `bytes`, in rounds of a Plan step's budget per rank (the Plan's
+// cut, which keeps each pass in cache).
+double halving_doubling_time(double bytes, const std::vector<LinkCost>& links, double g,
+                             const Topology& topo) {
+  const int p = 1 << links.size();
   const double rounds = parts(bytes, static_cast<double>(topo.step_bytes) * p);
   const double b = bytes / rounds;
-  return rounds * (2 * halving_pass(p, b, across, inside, inside_below) +
-                   halvings_reduced(b / 2, b / p, topo) * g);
+  return rounds * (2 * halving_pass(b, links) + halvings_reduced(b / 2, b / p, topo) * g);
 }
 
-// Recursive doubling off a power of two, as its Plan runs: the group's first
+// Recursive doubling, as its Plan runs off a power of two: the group's first
 // n - group ranks take a folded rank's buffer (a message over `fold` and its
 // reduction, `reduce_s`) before their rounds, while the others start at
-// once. A rank finishes a round once its partner's message (sent when the
-// partner began the round) has come and it reduced it, so ranks whose
-// partners ran ahead wait less than a round; from the second round a rank
-// begins only once its previous message was delivered (the Plan's
-// wait_sends), and it is done once its last one was. A folded rank gets the
-// result from its partner, which sends it after its last round (after that
-// round's message was delivered where the partner copies the result out of
-// scratch first, else once its one link has sent that round's bytes).
-double folded_doubling_time(int n, double bytes, const LinkCost& round, const LinkCost& fold,
-                            double reduce_s, bool partner_copies) {
+// once; the round with partners 2^k apart in the group goes over
+// round_links[k] (halving_round_links). A rank finishes a round once its
+// partner's message (sent when the partner began the round) has come and it
+// reduced it, so ranks whose partners ran ahead wait less than a round; from
+// the second round a rank begins only once its previous message was
+// delivered (the Plan's wait_sends), and it is done once its last one was. A
+// folded rank gets the result from its partner, which sends it after its last
+// round (after that round's message was delivered where the partner copies
+// the result out of scratch first, else once its one link has sent that
+// round's bytes).
+double folded_doubling_time(int n, double bytes, const std::vector<LinkCost>& round_links,
+                            const LinkCost& fold, double reduce_s, bool partner_copies) {
   const int group = 1 << log2_floor(n), folded = n - group;
-  const double round_s = msg(round, bytes);
+  if (folded == 0) {  // every rank in step: the rounds one after another
+    double t = 0;
+    for (const LinkCost& link : round_links) t += msg(link, bytes) + reduce_s;
+    return t;
+  }
   std::vector<double> done(group, 0.0), began(group, -1.0), begin(group);
   for (int i = 0; i < folded; ++i) done[i] = msg(fold, bytes) + reduce_s;
-  for (int mask = 1; mask < group; mask *= 2) {
+  double round_s = 0;  // the last round's message
+  for (int k = 0, mask = 1; mask < group; ++k, mask *= 2) {
     for (int i = 0; i < group; ++i) {
       begin[i] = began[i] < 0 ? done[i] : std::max(done[i], began[i] + round_s);
     }
+    round_s = msg(round_links[k], bytes);
     for (int i = 0; i < group; ++i) {
       done[i] = std::max(begin[i], begin[i ^ mask] + round_s) + reduce_s;
     }
     began.swap(begin);
   }
+  const double last_beta = round_links.empty() ? 0 : round_links.back().beta_s_per_b;
   double last = 0;
   for (int i = 0; i < group; ++i) {
     const double delivered = std::max(done[i], began[i] + round_s);
     last = std::max(last, delivered);
     if (i >= folded) continue;
     const double sent =
-        partner_copies ? delivered : std::max(done[i], began[i] + bytes * round.beta_s_per_b);
+        partner_copies ? delivered : std::max(done[i], began[i] + bytes * last_beta);
     last = std::max(last, sent + msg(fold, bytes));
   }
   return last;
@@ -453,12 +498,27 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   // Off a ring, several ranks of a host may cross its link at once.
   LinkCost shared = flat;
   if (topo.hosts > 1) shared.beta_s_per_b *= std::max(1, topo.ranks_per_host);
-  // Recursive doubling's and halving's partners closer than this share a host.
-  const int inside_below = 1 << rounds_inside_hosts(topo);
   const int p = 1 << log2_floor(topo.size);
-  // The ranks beyond p send their buffer to a partner and get the result
-  // back (the partner reducing it as it comes).
-  const double fold = topo.size == p ? 0 : 2 * msg(flat, S) + last_message(S, topo) * g;
+  // The links of the rounds of recursive halving, and of doubling (the same
+  // group of p ranks where each rank has a CPU of its own).
+  const auto halving_links = [&] { return halving_round_links(topo, flat, model.shm); };
+  // The first 2 (n - p) ranks pair up, the lower of each pair sending its
+  // buffer to the upper and getting the result back. The upper reduces each
+  // message as the next comes, so the slower of the link and the reduction
+  // sets the pace, and the other adds one message's worth.
+  const auto fold_link = [&] {
+    std::vector<std::pair<int, int>> pairs;
+    for (int r = 0; r < 2 * (topo.size - p); r += 2) pairs.emplace_back(r, r + 1);
+    return link_of_pairs(topo, pairs, flat, model.shm);
+  };
+  const auto fold = [&] {
+    if (topo.size == p) return 0.0;
+    const LinkCost link = fold_link();
+    const double piece = last_message(S, topo);
+    const double in = link.alpha_s + std::max(S * link.beta_s_per_b + piece * g,
+                                              piece * link.beta_s_per_b + S * g);
+    return in + msg(link, S);
+  };
   // A local copy of the buffer: about half a shared-memory message, which
   // copies the bytes in and out again.
   const double copy = S * model.shm.beta_s_per_b / 2;
@@ -479,21 +539,15 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
           return (n - 1) * (msg(shared, S) + S * g) +
                  (algo::oneshot_stages(topo.size, in_place, bytes, topo.step_bytes) ? 2 * copy : 0);
         case Algorithm::Rd: {
-          const double reduced = last_message(S, topo) * g;
           const double copied =
               algo::recursive_doubling_copies_result(topo.size, in_place) ? copy : 0;
-          if (topo.size != p) {
-            const bool partner_copies =
-                algo::recursive_doubling_ends_in_scratch(topo.size, in_place, true);
-            return folded_doubling_time(topo.size, S, shared, flat, reduced, partner_copies) +
-                   copied;
-          }
-          const int inside = rounds_inside_hosts(topo), across = log2_floor(topo.size) - inside;
-          return inside * (msg(model.shm, S) + reduced) + across * (msg(shared, S) + reduced) +
+          const bool partner_copies =
+              algo::recursive_doubling_ends_in_scratch(topo.size, in_place, true);
+          return folded_doubling_time(topo.size, S, halving_links(), fold_link(),
+                                      last_message(S, topo) * g, partner_copies) +
                  copied;
         }
-        case Algorithm::Rhd:
-          return halving_doubling_time(p, S, shared, model.shm, inside_below, g, topo) + fold;
+        case Algorithm::Rhd: return halving_doubling_time(S, halving_links(), g, topo) + fold();
         case Algorithm::Tree:
           if (S < algo::kDoubleTreeMinBytes && topo.hosts == 1) {
             // One wide tree: on each level a parent's children send to it
@@ -530,13 +584,12 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
       break;
     case Collective::ReduceScatter:
       if (a == Algorithm::Rhd) {
-        return halving_pass(topo.size, n * S, shared, model.shm, inside_below) +
-               halvings_reduced(n * S / 2, S, topo) * g;
+        return halving_pass(n * S, halving_links()) + halvings_reduced(n * S / 2, S, topo) * g;
       }
       return ring_time(n - 1, n - 1, S, flat, g, topo);
     case Collective::Allgather:
       if (a == Algorithm::Rhd) {
-        return halving_pass(topo.size, n * S, shared, model.shm, inside_below);
+        return halving_pass(n * S, halving_links());
       }
       return ring_time(n - 1, 0, S, flat, g, topo);
     case Collective::Broadcast:

@@ -7,14 +7,17 @@ Issue 44's accuracy goal: ring, tree and rhd at 4 ranks, from 64 KiB up, within 
 Each case calibrates, measures and predicts on the same ranks:
 
 1. calibrate: ``weft-bench --tune`` on those ranks writes a cost model (the thorough form of the
-   probe a communicator runs when it is created); ``Topology.from_cost_model`` turns it into
+   probe a communicator runs when it is created), before each measuring launch and after the
+   last; each figure is the median of those calibrations, since the probe's figures move
+   between launches as much as the misses (docs/topo.md); ``Topology.from_cost_model`` turns it into
    links (shared memory inside a host, tcp between hosts) and a reduction cost, each link's
    beta at each call's size (measured in cache at 4 MiB and past the caches at 64 MiB), and
    what the case knows of its machine: tcp4's ranks share the machine's cores
    (``machine_cores``: a CPU pool), netns2x2's links are tc's token buckets
    (``nic_burst_bytes``);
-2. measure: one weft-bench launch, ring, tree and rhd taking turns at every size
-   (``--rounds``), out of place, the slowest rank's time per call;
+2. measure: ``--repeats`` weft-bench launches between the calibrations, ring, tree and rhd
+   taking turns at every size (``--rounds``), out of place, the slowest rank's time per call,
+   the median of the launches;
 3. predict: ``topo.simulate`` of each family's Plans (made by the same generators, two
    channels and the buffering the measured communicator agreed on: its largest message, its
    step budget and so the messages a connection holds, from the report's
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,16 +73,26 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("WEFT_")}
 
 
+def launches(work: Path, repeats: int) -> list[tuple[str, list[str]]]:
+    """The weft-bench launches of a case in turn: a calibration before each measuring launch
+    and one after the last, so that the calibration's median and the measurement's come from
+    the same stretch of this VM's swings."""
+    argvs = []
+    for i in range(repeats):
+        argvs.append(("--tune", ["--tune", str(work / f"model{i}.txt")]))
+        argvs.append(("measure", [*BENCH, "--repeats", "1", f"--json={work / f'report{i}.json'}"]))
+    argvs.append(("--tune", ["--tune", str(work / f"model{repeats}.txt")]))
+    return argvs
+
+
 def run_local(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
     size = str(case["hosts"] * case["per_host"])
     env = clean_env()
-    model, report = work / "model.txt", work / "report.json"
-    subprocess.run(weft_bench("--tune", str(model), "--np", size), env=env, check=True,
-                   timeout=TIMEOUT, stdout=subprocess.DEVNULL)  # fmt: skip
-    bench = weft_bench(*BENCH, "--transport", "tcp", "--np", size, "--repeats", str(repeats))
-    subprocess.run([*bench, f"--json={report}"], env=env, check=True, timeout=TIMEOUT,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
-    return model, json.loads(report.read_text())
+    for what, argv in launches(work, repeats):
+        transport = ["--transport", "tcp"] if what == "measure" else []
+        subprocess.run(weft_bench(*argv, *transport, "--np", size), env=env, check=True,
+                       timeout=TIMEOUT, stdout=subprocess.DEVNULL)  # fmt: skip
+    return merged(work, repeats)
 
 
 def run_netns(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
@@ -87,19 +101,41 @@ def run_netns(case: dict, work: Path, repeats: int) -> tuple[Path, dict]:
     reason = weft.netns.unavailable()
     if reason:
         raise SystemExit(f"predict_vs_measure: netns2x2: {reason}")
-    model, report = work / "model.txt", work / "report.json"
     env = clean_env()
     with weft.netns.Hosts(case["hosts"], rate_mbit=case["rate_mbit"]) as net:
-        for port, argv in (
-            (29500, ["--tune", str(model)]),
-            (29501, [*BENCH, "--repeats", str(repeats), f"--json={report}"]),
-        ):
+        for port, (what, argv) in enumerate(launches(work, repeats), start=29500):
             procs = net.spawn_world(case["per_host"], weft_bench(*argv), env, port,
                                     stdout=subprocess.DEVNULL)  # fmt: skip
             for proc in procs:
                 if proc.wait(timeout=TIMEOUT) != 0:
-                    raise SystemExit(f"predict_vs_measure: weft-bench {argv[0]} failed")
-    return model, json.loads(report.read_text())
+                    raise SystemExit(f"predict_vs_measure: weft-bench {what} failed")
+    return merged(work, repeats)
+
+
+def merged(work: Path, repeats: int) -> tuple[Path, dict]:
+    """The case's cost model, each figure the median of its calibrations, and its report, each
+    time the median of its measuring launches (their times as `time_us_runs`)."""
+    figures: dict[str, list[float]] = {}
+    for i in range(repeats + 1):
+        for line in (work / f"model{i}.txt").read_text().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.split()
+                figures.setdefault(name, []).append(float(value))
+    model = work / "model.txt"
+    lines = [f"{name} {median_figure(values)}\n" for name, values in figures.items()]
+    model.write_text("".join(lines))
+    reports = [json.loads((work / f"report{i}.json").read_text()) for i in range(repeats)]
+    report = reports[0]
+    for i, r in enumerate(report["results"]):
+        runs = [other["results"][i]["time_us"] for other in reports]
+        r.update(time_us=statistics.median(runs), time_us_runs=runs,
+                 wrong=max(other["results"][i]["wrong"] for other in reports))  # fmt: skip
+    return model, report
+
+
+def median_figure(values: list[float]) -> str:
+    m = statistics.median(values)
+    return str(int(m)) if all(v.is_integer() for v in values) else f"{m:.6g}"
 
 
 def compare(case: dict, model: Path, report: dict) -> list[dict]:

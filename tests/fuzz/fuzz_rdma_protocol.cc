@@ -809,8 +809,8 @@ class FakeEndpoint : public weft::RdmaEndpoint {
   }
   bool needs_local_registration() const override { return peer_.needs_local_registration(); }
   bool write_with_imm(const void* src, size_t bytes, const MemoryRegion* local,
-                      uint64_t remote_address, uint64_t remote_key, uint32_t imm,
-                      uint64_t id) override {
+                      uint64_t remote_address, uint64_t remote_key, uint32_t imm, uint64_t id,
+                      bool /*local_completion*/) override {
     return peer_.write_with_imm(src, bytes, local, remote_address, remote_key, imm, id);
   }
   int poll(Completion* out, int max) override { return peer_.poll(out, max); }

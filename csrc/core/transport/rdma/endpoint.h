@@ -59,10 +59,13 @@ class RdmaEndpoint {
   // Writes `bytes` from `src` (inside `local`, or null where no local
   // registration is needed) to the peer's (remote_address, remote_key), and
   // raises a completion carrying `imm` there once all of it landed. Returns
-  // false when the send queue is full (try again after polling).
+  // false when the send queue is full (try again after polling). Without
+  // `local_completion` the caller waits on nothing of this write here: a back
+  // end may leave out its local completion (one that reports it anyway
+  // reports it with `id`).
   virtual bool write_with_imm(const void* src, size_t bytes, const MemoryRegion* local,
                               uint64_t remote_address, uint64_t remote_key, uint32_t imm,
-                              uint64_t id) = 0;
+                              uint64_t id, bool local_completion) = 0;
   // Up to `max` completions into `out`; returns how many.
   virtual int poll(Completion* out, int max) = 0;
   // A descriptor that turns readable when a completion may be ready, for a

@@ -87,7 +87,9 @@ std::atomic<uint64_t> g_cts_early{0}, g_cts_unused{0};
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-// Local completion ids: what was written, for which message.
+// Local completion ids: what was written, for which message. Control writes
+// (credits, clear-to-send entries) ask for no local completion: nothing waits
+// on one.
 enum class Wrote : uint64_t { Message = 1, Payload = 2, Control = 3 };
 uint64_t completion_id(Wrote what, uint64_t seq) {
   return (static_cast<uint64_t>(what) << 56) | seq;
@@ -332,7 +334,7 @@ class RdmaConnection : public Connection {
   bool write(const void* src, size_t bytes, uint64_t remote, uint64_t key, Kind kind, uint64_t seq,
              Wrote what, const MemoryRegion* local) {
     if (!endpoint_->write_with_imm(src, bytes, local, remote, key, rdma_wire::immediate(kind, seq),
-                                   completion_id(what, seq))) {
+                                   completion_id(what, seq), what != Wrote::Control)) {
       return false;
     }
     switch (kind) {

@@ -163,9 +163,11 @@ class IbEndpoint : public RdmaEndpoint {
   bool needs_local_registration() const override { return true; }
   bool registrations_follow_mappings() const override { return device_->odp(); }
 
+  // Every write is signaled: an unsignaled one would hold its send-queue
+  // entry until a later signaled write completes.
   bool write_with_imm(const void* src, size_t bytes, const MemoryRegion* local,
-                      uint64_t remote_address, uint64_t remote_key, uint32_t imm,
-                      uint64_t id) override {
+                      uint64_t remote_address, uint64_t remote_key, uint32_t imm, uint64_t id,
+                      bool /*local_completion*/) override {
     check_faults();
     size_t at = next_qp_;
     for (size_t tried = 0; outstanding_[at] >= send_depth_; at = (at + 1) % qps_.size()) {

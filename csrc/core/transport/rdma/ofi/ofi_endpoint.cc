@@ -226,13 +226,27 @@ class OfiEndpoint : public RdmaEndpoint {
   bool needs_local_registration() const override { return local_mr_; }
 
   bool write_with_imm(const void* src, size_t bytes, const MemoryRegion* local,
-                      uint64_t remote_address, uint64_t remote_key, uint32_t imm,
-                      uint64_t id) override {
+                      uint64_t remote_address, uint64_t remote_key, uint32_t imm, uint64_t id,
+                      bool local_completion) override {
     void* desc = local ? local->local_descriptor() : nullptr;
-    ssize_t ret = fi_writedata(ep_, src, bytes, desc, imm, peer_, remote_address, remote_key,
-                               reinterpret_cast<void*>(id));
+    iovec iov{const_cast<void*>(src), bytes};
+    fi_rma_iov target{remote_address, bytes, remote_key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = peer_;
+    msg.rma_iov = &target;
+    msg.rma_iov_count = 1;
+    msg.context = reinterpret_cast<void*>(id);
+    msg.data = imm;
+    // Each completion the tcp provider reports costs a write and a read of
+    // its queue's pipe: writes nobody waits on go without one.
+    const uint64_t flags =
+        FI_REMOTE_CQ_DATA | (local_completion || !selective_ ? FI_COMPLETION : 0);
+    const ssize_t ret = fi_writemsg(ep_, &msg, flags);
     if (ret == -FI_EAGAIN) return false;
-    if (ret != 0) throw PeerError(fi_error("fi_writedata", static_cast<int>(ret)));
+    if (ret != 0) throw PeerError(fi_error("fi_writemsg", static_cast<int>(ret)));
     return true;
   }
 
@@ -367,7 +381,10 @@ class OfiEndpoint : public RdmaEndpoint {
     } else {
       check("fi_ep_bind eq", fi_ep_bind(ep_, &eq_->fid, 0));
     }
-    check("fi_ep_bind cq", fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV));
+    // Our writes complete locally only where they ask to (write_with_imm).
+    selective_ = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_SELECTIVE_COMPLETION) == 0;
+    if (!selective_) check("fi_ep_bind cq", fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT));
+    check("fi_ep_bind cq", fi_ep_bind(ep_, &cq_->fid, FI_RECV));
     check("fi_enable", fi_enable(ep_));
     const uint64_t mr_mode = info->domain_attr->mr_mode;
     local_mr_ = (mr_mode & FI_MR_LOCAL) != 0;
@@ -499,6 +516,7 @@ class OfiEndpoint : public RdmaEndpoint {
   std::string provider_;
   bool local_mr_ = false, virtual_addresses_ = false, rx_cq_data_ = false, closed_ = false;
   bool shut_down_ = false;  // the peer's FI_SHUTDOWN came
+  bool selective_ = false;  // writes complete locally only when asked to
   size_t max_write_ = 0;
   size_t key_bytes_ = sizeof(uint64_t);  // the provider's memory-key size
 };

@@ -69,6 +69,11 @@ def main() -> None:
         for case in args.torch_cases.split(","):
             report["errors"] += getattr(test_backend, f"case_{case}")(ctx)
         report["torch_checks"] = len(checked)
+        # gloo's worker threads let go of tensors as their work ends; a thread that does so
+        # while the interpreter exits is killed taking the GIL, and the process aborts. The
+        # groups are torn down first, once every rank is done with them.
+        dist.barrier()
+        dist.destroy_process_group()
     print(json.dumps(report), flush=True)
 
 

@@ -172,27 +172,35 @@ double tree_across_hosts_time(const Topology& topo, double bytes, const LinkCost
                                  round * g);
 }
 
+// `flat` where several ranks of each host may cross its link at once (off a
+// ring): with several hosts, its beta multiplied by the ranks per host.
+LinkCost shared_by_host(const Topology& topo, LinkCost flat) {
+  if (topo.hosts > 1) flat.beta_s_per_b *= std::max(1, topo.ranks_per_host);
+  return flat;
+}
+
+// Whether rank r is known to be on host r / ranks_per_host of several.
+bool hosts_are_blocks(const Topology& topo) {
+  return topo.hosts > 1 && topo.ranks_by_host && topo.ranks_per_host > 0;
+}
+
 // The link that exchanges between the pairs of world ranks `pairs`, all at
-// once, take: on one host, `flat`; across hosts numbered in blocks, shared
-// memory where every pair shares a host, else the host link, whose bandwidth
-// the busiest host's crossing exchanges share (counted at both ends; a link is
-// duplex); where hosts are not blocks, the host link shared by all of a
-// host's ranks.
+// once, take: across hosts numbered in blocks, shared memory where every pair
+// shares a host, else the host link, whose bandwidth the busiest host's
+// crossing exchanges share (counted at both ends; a link is duplex);
+// elsewhere shared_by_host.
 LinkCost link_of_pairs(const Topology& topo, const std::vector<std::pair<int, int>>& pairs,
                        const LinkCost& flat, const LinkCost& inside) {
-  if (topo.hosts == 1) return flat;
-  int busiest = std::max(1, topo.ranks_per_host);
-  if (topo.ranks_by_host && topo.ranks_per_host > 0) {
-    std::vector<int> crossing(static_cast<size_t>(topo.hosts), 0);
-    for (const auto& [a, b] : pairs) {
-      const int host_a = a / topo.ranks_per_host, host_b = b / topo.ranks_per_host;
-      if (host_a == host_b) continue;
-      ++crossing[host_a];
-      ++crossing[host_b];
-    }
-    busiest = *std::max_element(crossing.begin(), crossing.end());
-    if (busiest == 0) return inside;
+  if (!hosts_are_blocks(topo)) return shared_by_host(topo, flat);
+  std::vector<int> crossing(static_cast<size_t>(topo.hosts), 0);
+  for (const auto& [a, b] : pairs) {
+    const int host_a = a / topo.ranks_per_host, host_b = b / topo.ranks_per_host;
+    if (host_a == host_b) continue;
+    ++crossing[host_a];
+    ++crossing[host_b];
   }
+  const int busiest = *std::max_element(crossing.begin(), crossing.end());
+  if (busiest == 0) return inside;
   LinkCost link = flat;
   link.beta_s_per_b *= busiest;
   return link;
@@ -204,8 +212,7 @@ LinkCost link_of_pairs(const Topology& topo, const std::vector<std::pair<int, in
 std::vector<LinkCost> halving_round_links(const Topology& topo, const LinkCost& flat,
                                           const LinkCost& inside) {
   const int rounds = log2_floor(topo.size);
-  const bool by_host = topo.hosts > 1 && topo.ranks_by_host && topo.ranks_per_host > 0;
-  if (!by_host) return std::vector<LinkCost>(rounds, link_of_pairs(topo, {}, flat, inside));
+  if (!hosts_are_blocks(topo)) return std::vector<LinkCost>(rounds, shared_by_host(topo, flat));
   const std::vector<int> group = algo::halving_doubling_group(topo.size);
   const int p = static_cast<int>(group.size());
   std::vector<LinkCost> links;
@@ -495,9 +502,7 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   const double n = topo.size, S = static_cast<double>(bytes), g = model.gamma_s_per_b;
   if (topo.size == 1) return S * g / 4;  // a local copy
   const LinkCost& flat = topo.any_tcp ? model.tcp : model.shm;
-  // Off a ring, several ranks of a host may cross its link at once.
-  LinkCost shared = flat;
-  if (topo.hosts > 1) shared.beta_s_per_b *= std::max(1, topo.ranks_per_host);
+  const LinkCost shared = shared_by_host(topo, flat);
   const int p = 1 << log2_floor(topo.size);
   // The links of the rounds of recursive halving, and of doubling (the same
   // group of p ranks where each rank has a CPU of its own).

@@ -528,6 +528,25 @@ def test_ranks_sharing_cpus_take_turns_on_them():
         )
 
 
+def test_ranks_sharing_cpus_take_turns_for_each_message_and_each_reduction():
+    # rd on 4 ranks: in each of its 2 rounds every rank sends one message, and all reduce at
+    # the same moments. With 2 cores for 4 ranks the CPU work takes twice its time, on 1 four
+    # times; ranks in no pool reduce side by side.
+    nbytes, per_message, gamma = 1 << 20, 3e-6, 1e-10
+    mesh = Topology.fully_connected(4, latency_s=0.0, bandwidth_Bps=1e15)
+
+    def seconds(world, gamma):
+        return topo.simulate("rd", world, nbytes, gamma_s_per_b=gamma, slice_bytes=nbytes).time_s
+
+    side_by_side = seconds(mesh, gamma)
+    assert side_by_side > 2 * nbytes * gamma
+    for cores, turns in ((4, 1), (2, 2), (1, 4)):
+        messages = mesh.sharing_cpus(cores, 0.0, per_message)
+        assert seconds(messages, 0.0) == pytest.approx(2 * turns * per_message, rel=1e-3)
+        reductions = mesh.sharing_cpus(cores, 0.0)
+        assert seconds(reductions, gamma) == pytest.approx(turns * side_by_side, rel=1e-3)
+
+
 def test_a_loop_of_calls_costs_what_one_call_does_where_nothing_carries_over():
     world = ring(5)
     one = topo.simulate("ring", world, 5 << 20).time_s

@@ -97,7 +97,7 @@ def test_closed_form_still_works_and_a_network_feeds_it():
 
 
 def test_json_round_trip(tmp_path):
-    buckets = Topology.hosts(2, 2, nic=(5e-6, 1.25e8, 256 << 10)).sharing_cpus(2, 1e-10)
+    buckets = Topology.hosts(2, 2, nic=(5e-6, 1.25e8, 256 << 10)).sharing_cpus(2, 1e-10, 2e-6)
     assert {x.burst_bytes for x in buckets.links if x.cls == "nic"} == {256 << 10}
     for t in (
         Topology.hosts(2, 3),
@@ -141,6 +141,12 @@ def test_json_round_trip(tmp_path):
         (lambda d: d.update(cpus=[{"ranks": [0], "cores": 1}]), "CPU pool 0: missing 's_per_b'"),
         (lambda d: d.update(cpus=[{"ranks": [9], "cores": 1, "s_per_b": 0}]), "names rank 9"),
         (lambda d: d.update(cpus=[{"ranks": [0], "cores": 1, "s_per_b": -1}]), "s_per_b must"),
+        (
+            lambda d: d.update(
+                cpus=[{"ranks": [0], "cores": 1, "s_per_b": 0, "s_per_message": -1}]
+            ),
+            "s_per_message must",
+        ),
         (lambda d: d.update(ranks_forward="no"), "top level: 'ranks_forward' must be bool"),
     ],
 )
@@ -192,12 +198,13 @@ def test_calibration_from_a_cost_model(tmp_path):
         seconds = topo.simulate("ring", t, nbytes).time_s
         as_if_slow = topo.simulate("ring", at_large, nbytes).time_s
         assert seconds == pytest.approx(as_if_slow) if nbytes >= 64 << 20 else seconds < as_if_slow
-    # Local ranks sharing a machine's cores: the probe's beta is what each got with all of them
-    # exchanging at once; on a core of its own a message goes at cores / ranks of that.
+    # Local ranks sharing a machine's cores: the probe's alpha and beta are what each got with
+    # all of them exchanging at once; on a core of its own a message takes cores / ranks of that.
     shared = Topology.from_cost_model(model, 4, 1, machine_cores=2)
     (pool,) = shared.graph.cpus
     assert (pool.ranks, pool.cores) == ((0, 1, 2, 3), 2)
     assert pool.s_per_b == pytest.approx(2 / 4 / 1e9)
+    assert pool.s_per_message == pytest.approx(2 / 4 * 40e-6)
     assert end_to_end(shared, 0, 3) == pytest.approx((40e-6, 2e9))
     (large,) = shared.at_buffer(1 << 30).graph.cpus  # the large-buffer beta's share
     assert large.s_per_b == pytest.approx(2 / 4 / 0.5e9)

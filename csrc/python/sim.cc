@@ -24,6 +24,7 @@ namespace weft::python {
 namespace {
 
 using LinkTuple = std::tuple<int, int, double, double, bool, double>;
+using PoolTuple = std::tuple<int, double, double>;  // cores, s_per_b, s_per_message
 // (kind, recv, send, send_bytes, recv_bytes, compute_bytes, wait_sends, channel, after)
 using StepTuple = std::tuple<std::string, int, int, uint64_t, uint64_t, uint64_t, bool, int,
                              std::vector<uint32_t>>;
@@ -84,7 +85,7 @@ void bind_sim(py::module_& parent) {
 
   py::class_<sim::Network>(m, "Network", "Nodes, links and the ranks' nodes.")
       .def(py::init([](int nodes, std::vector<int> rank_nodes, const std::vector<LinkTuple>& ls,
-                       const std::vector<std::pair<int, double>>& pools, std::vector<int> rank_pool,
+                       const std::vector<PoolTuple>& pools, std::vector<int> rank_pool,
                        bool ranks_forward) {
              std::vector<sim::Link> links;
              links.reserve(ls.size());
@@ -92,17 +93,20 @@ void bind_sim(py::module_& parent) {
                links.push_back({a, b, latency, bandwidth, duplex, burst});
              }
              std::vector<sim::CpuPool> cpus;
-             for (const auto& [cores, s_per_b] : pools) cpus.push_back({cores, s_per_b});
+             for (const auto& [cores, s_per_b, s_per_message] : pools) {
+               cpus.push_back({cores, s_per_b, s_per_message});
+             }
              sim::Network net(nodes, std::move(rank_nodes), std::move(links), std::move(cpus),
                               std::move(rank_pool));
              net.set_ranks_forward(ranks_forward);
              return net;
            }),
            py::arg("nodes"), py::arg("rank_nodes"), py::arg("links"),
-           py::arg("pools") = std::vector<std::pair<int, double>>{},
-           py::arg("rank_pool") = std::vector<int>{}, py::arg("ranks_forward") = true,
+           py::arg("pools") = std::vector<PoolTuple>{}, py::arg("rank_pool") = std::vector<int>{},
+           py::arg("ranks_forward") = true,
            "links: (a, b, latency_s, bandwidth in bytes/s, duplex, burst_bytes) tuples; pools: "
-           "(cores, s_per_b) CPU pools, rank_pool: each rank's pool index or -1 (or empty); "
+           "(cores, s_per_b, s_per_message) CPU pools, rank_pool: each rank's pool index or -1 (or "
+           "empty); "
            "ranks_forward=False: routes go around other ranks' nodes.")
       .def_property_readonly("ranks", &sim::Network::ranks)
       .def(

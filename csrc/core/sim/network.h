@@ -5,7 +5,8 @@
 // allowance): its bandwidth is the sustained rate, and up to burst_bytes
 // saved up while it idled pass at the pace of the hops before it. Ranks can
 // share CPUs (a machine's cores, CpuPool): a message then costs its sender's
-// pool CPU time before (cut-through with) its wires. Routes between ranks are
+// pool CPU time before (cut-through with) its wires, and a reduction its time
+// on one of the pool's cores. Routes between ranks are
 // shortest paths in hops, found by a bidirectional breadth-first search and
 // the same every time (ties are broken by a hash of the two ranks and a
 // salt, the channel's tag, so that equal paths through a fat tree's spines,
@@ -27,11 +28,14 @@ struct Link {
 };
 
 // Cores that ranks share: every message a rank of the pool sends takes one of
-// them (the one free soonest) for bytes x s_per_b, the copies a socket costs
-// its sender and receiver on one machine. Ranks in no pool send for free.
+// them (the one free soonest) for s_per_message + bytes x s_per_b, what a
+// socket's system calls and copies cost its sender and receiver on one
+// machine, and every reduction it runs takes one for its own time. Ranks in
+// no pool send and reduce without waiting for a core.
 struct CpuPool {
   int cores = 1;
   double s_per_b = 0;
+  double s_per_message = 0;
 };
 
 // One link crossed in one direction: link * 2 + (0 from a to b, 1 from b to a).

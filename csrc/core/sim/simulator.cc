@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/common/error.h"
+#include "core/sim/core_calendar.h"
 
 namespace weft::sim {
 namespace {
@@ -79,7 +80,7 @@ class Sim {
     const size_t hops = 2 * net.links().size();
     free_at_.assign(hops, 0);
     token_stamp_.assign(hops, 0);
-    for (const CpuPool& pool : net.pools()) core_free_.emplace_back(pool.cores, 0.0);
+    for (const CpuPool& pool : net.pools()) cores_.emplace_back(pool.cores);
     tokens_.resize(hops);
     for (size_t h = 0; h < hops; ++h) tokens_[h] = net.link(static_cast<Hop>(h)).burst_bytes;
     result_.hop_bytes.assign(hops, 0);
@@ -111,6 +112,7 @@ class Sim {
       if (p.scheduled != e.t) continue;  // superseded by an earlier resume
       p.scheduled = -1;
       ++result_.events;
+      for (CoreCalendar& cores : cores_) cores.forget_until(e.t);
       advance(e.proc, e.t);
     }
     report_deadlock();
@@ -164,10 +166,10 @@ class Sim {
     Conn& conn = conns_[c];
     double head = t, tail = t;
     if (const int pool = net_.pool_of(rank); pool >= 0) {
-      std::vector<double>& cores = core_free_[pool];
-      double& core = *std::min_element(cores.begin(), cores.end());
-      head = std::max(t, core);
-      tail = core = head + static_cast<double>(bytes) * net_.pools()[pool].s_per_b;
+      const CpuPool& cpus = net_.pools()[pool];
+      const double seconds = cpus.s_per_message + static_cast<double>(bytes) * cpus.s_per_b;
+      tail = cores_[pool].book(t, seconds);
+      head = tail - seconds;
     }
     for (uint32_t i = 0; i < conn.route_len; ++i) {
       const Hop h = routes_[conn.route_first + i];
@@ -197,6 +199,13 @@ class Sim {
       conn.recv_waiter = -1;
       schedule(w, tail);
     }
+  }
+
+  // CPU work of `seconds` that rank r can start at t, ending when returned: on
+  // a core of its pool, or at once where r is in no pool.
+  double cpu_work(int r, double t, double seconds) {
+    const int pool = net_.pool_of(r);
+    return pool >= 0 ? cores_[pool].book(t, seconds) : t + seconds;
   }
 
   // A token-bucket wire's tokens at t (it refills at its rate while idle).
@@ -272,7 +281,8 @@ class Sim {
           if (rc != UINT32_MAX && !message_here(rc, pid, t)) return void(p.clock = t);
           // The reduction runs on this channel's clock, without an event: what it then
           // sends leaves when the reduction is done.
-          if (z.compute_bytes > 0) t += static_cast<double>(len) * opt_.gamma_s_per_b;
+          if (z.compute_bytes > 0)
+            t = cpu_work(r, t, static_cast<double>(len) * opt_.gamma_s_per_b);
           if (rc != UINT32_MAX) consume(rc, t);
           if (sc != UINT32_MAX) post(sc, len, t, r);
           ++p.sent;
@@ -292,7 +302,8 @@ class Sim {
           if (p.received < recvs && conns_[rc].consumed < conns_[rc].posted &&
               arrival(rc, conns_[rc].consumed) <= t) {
             const uint64_t len = z.recv_bytes ? slice_len(z.recv_bytes, slice, p.received) : 0;
-            if (z.compute_bytes > 0) t += static_cast<double>(len) * opt_.gamma_s_per_b;
+            if (z.compute_bytes > 0)
+              t = cpu_work(r, t, static_cast<double>(len) * opt_.gamma_s_per_b);
             consume(rc, t);
             ++p.received;
             moved = true;
@@ -304,7 +315,7 @@ class Sim {
           return;
         }
       } else {
-        t += static_cast<double>(z.compute_bytes) * opt_.gamma_s_per_b;
+        t = cpu_work(r, t, static_cast<double>(z.compute_bytes) * opt_.gamma_s_per_b);
       }
       finish_step(p, t);
     }
@@ -379,8 +390,8 @@ class Sim {
   std::vector<Conn> conns_;
   std::vector<double> arrival_;  // slots per connection, a ring of arrival times
   std::vector<Hop> routes_;
-  std::vector<double> free_at_;                 // per wire
-  std::vector<std::vector<double>> core_free_;  // per CPU pool, per core
+  std::vector<double> free_at_;      // per wire
+  std::vector<CoreCalendar> cores_;  // per CPU pool
   // Token buckets, per wire: tokens at token_stamp_ (full at the start).
   std::vector<double> tokens_, token_stamp_;
   std::vector<double> last_arrival_;

@@ -62,13 +62,15 @@ class Link:
 @dataclass(frozen=True)
 class CpuPool:
     """Cores that ranks share, as one machine's: every message one of ``ranks`` sends first
-    takes one of ``cores`` (the one free soonest) for bytes x ``s_per_b``, what a socket's copies
-    cost the machine, and crosses its wires cut-through behind it. Ranks in no pool send for
-    free (each has the CPU it needs)."""
+    takes one of ``cores`` (the one free soonest) for ``s_per_message`` + bytes x ``s_per_b``,
+    what a socket's system calls and copies cost the machine, and crosses its wires cut-through
+    behind it; every reduction one of them runs takes a core for its time too. Ranks in no pool
+    send and reduce without waiting for a core (each has the CPU it needs)."""
 
     ranks: tuple[int, ...]
     cores: int
     s_per_b: float
+    s_per_message: float = 0.0
 
 
 class _BuilderOrField:
@@ -251,10 +253,11 @@ class Topology(_ClosedForm):
             ranks_forward=changes.get("ranks_forward", self.ranks_forward),
         )
 
-    def sharing_cpus(self, cores: int, s_per_b: float) -> Topology:
+    def sharing_cpus(self, cores: int, s_per_b: float, s_per_message: float = 0.0) -> Topology:
         """A copy whose ranks all share one machine's ``cores`` (CpuPool): every message costs
-        its sender bytes x ``s_per_b`` on one of them."""
-        pool = CpuPool(tuple(range(self.size)), cores, s_per_b)
+        its sender ``s_per_message`` + bytes x ``s_per_b`` on one of them, and every reduction
+        its time on one."""
+        pool = CpuPool(tuple(range(self.size)), cores, s_per_b, s_per_message)
         return self._copy(cpus=[pool])
 
     def __repr__(self) -> str:
@@ -475,11 +478,12 @@ class Topology(_ClosedForm):
         as ``weft.netns`` hosts' are), which the model's betas do not say.
 
         ``machine_cores``: every rank runs on one machine of that many cores (local ranks: hosts
-        of one rank over tcp, or one host over shared memory). The probe measured the betas
-        with every rank exchanging at once, so where ranks outnumber cores a beta is what a
-        rank gets while the others take turns on the cores: each message then costs its
-        sender beta x min(cores, ranks) / ranks on one of the cores (a CpuPool), the rate a
-        message gets on a core of its own, which the links take too.
+        of one rank over tcp, or one host over shared memory). The probe measured alpha and
+        beta with every rank exchanging at once, so where ranks outnumber cores they are what
+        a rank gets while the others take turns on the cores: each message then costs its
+        sender (alpha + bytes x beta) x min(cores, ranks) / ranks on one of the cores (a
+        CpuPool), what it takes of a core of its own, the links carry it at that beta, and
+        reductions take the cores too.
 
         ``ranks_forward``: as for ``hosts``."""
         if model is None:
@@ -524,6 +528,8 @@ class Topology(_ClosedForm):
         ranks = n_hosts * per_host
         share = min(machine_cores, ranks) / ranks if machine_cores else 1.0
         on_a_core = (tcp if n_hosts > 1 else shm) * share  # a message's CPU seconds per byte
+        # ... and per message: its system calls at both ends, and on loopback its wake-up
+        per_message = (model.tcp if n_hosts > 1 else model.shm).alpha_s * share
         if machine_cores:
             shm, tcp = (shm, on_a_core) if n_hosts > 1 else (on_a_core, tcp)
         world = cls.hosts(
@@ -535,7 +541,7 @@ class Topology(_ClosedForm):
             ranks_forward=ranks_forward,
         )
         if machine_cores:
-            world = world.sharing_cpus(machine_cores, on_a_core)
+            world = world.sharing_cpus(machine_cores, on_a_core, per_message)
         world.name = f"{world.name} calibrated"
         world.gamma_s_per_b = model.gamma_s_per_b
         return world
@@ -582,7 +588,9 @@ class Topology(_ClosedForm):
         } | (
             {
                 "cpus": [
-                    {"ranks": list(p.ranks), "cores": p.cores, "s_per_b": p.s_per_b} for p in g.cpus
+                    {"ranks": list(p.ranks), "cores": p.cores, "s_per_b": p.s_per_b}
+                    | ({"s_per_message": p.s_per_message} if p.s_per_message else {})
+                    for p in g.cpus
                 ]
             }
             if g.cpus
@@ -657,10 +665,12 @@ class _Graph:
                 isinstance(pool.cores, int) and pool.cores >= 1,
                 f"CPU pool {i} needs a whole number of cores >= 1, got {pool.cores!r}",
             )
-            _need(
-                math.isfinite(pool.s_per_b) and pool.s_per_b >= 0,
-                f"CPU pool {i} needs s_per_b finite and >= 0, got {pool.s_per_b!r}",
-            )
+            for name in ("s_per_b", "s_per_message"):
+                cost = getattr(pool, name)
+                _need(
+                    math.isfinite(cost) and cost >= 0,
+                    f"CPU pool {i} needs {name} finite and >= 0, got {cost!r}",
+                )
             for r in pool.ranks:
                 _need(0 <= r < len(self.ranks), f"CPU pool {i} names rank {r}, not a rank")
                 _need(r not in pooled, f"rank {r} is in two CPU pools")
@@ -685,7 +695,7 @@ class _Graph:
                     (x.a, x.b, x.latency_s, x.bandwidth_Bps, x.duplex, x.burst_bytes)
                     for x in self.links
                 ],
-                [(pool.cores, pool.s_per_b) for pool in self.cpus],
+                [(pool.cores, pool.s_per_b, pool.s_per_message) for pool in self.cpus],
                 self._rank_pools(),
                 ranks_forward,
             )
@@ -777,7 +787,7 @@ TOP_KEYS = {
     "links",
     "cpus",
 }
-CPU_KEYS = {"ranks", "cores", "s_per_b"}
+CPU_KEYS = {"ranks", "cores", "s_per_b", "s_per_message"}
 MOST_BYTES = 1 << 40  # a step's budget or a slice, in a file
 NODE_KEYS = {"name", "kind", "host"}
 LINK_KEYS = {"a", "b", "latency_s", "bandwidth_Bps", "duplex", "class", "burst_bytes"}
@@ -859,14 +869,17 @@ def _parse(data, source: str) -> Topology:
         where = f"CPU pool {i}"
         obj(cd, CPU_KEYS, where)
         members = get(cd, "ranks", (list,), where)
-        cost = get(cd, "s_per_b", (int, float), where)
-        if not (math.isfinite(cost) and cost >= 0):
-            fail(where, f"s_per_b must be finite and >= 0, got {cost!r}")
+        costs = {}
+        for name in ("s_per_b", "s_per_message"):
+            cost = get(cd, name, (int, float), where, 0, optional=name == "s_per_message")
+            if not (math.isfinite(cost) and cost >= 0):
+                fail(where, f"{name} must be finite and >= 0, got {cost!r}")
+            costs[name] = float(cost)
         cpus.append(
             CpuPool(
                 tuple(integer(r, where, "a rank") for r in members),
                 integer(get(cd, "cores", (int,), where), where, "cores", 1),
-                float(cost),
+                **costs,
             )
         )
     step_bytes = integer(

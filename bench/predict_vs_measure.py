@@ -1,7 +1,7 @@
 """weft.topo.simulate, calibrated on this machine, against weft-bench's measured allreduce.
 
     python bench/predict_vs_measure.py [--cases tcp4,netns2x2] [--repeats 2]
-    python bench/predict_vs_measure.py --closed-form-again    # after a change to topo.predict
+    python bench/predict_vs_measure.py --predict-again    # after a change to the model
 
 Issue 44's accuracy goal: ring, tree and rhd at 4 ranks, from 64 KiB up, within 15 % per size.
 Each case calibrates, measures and predicts on the same ranks:
@@ -138,7 +138,8 @@ def median_figure(values: list[float]) -> str:
     return str(int(m)) if all(v.is_integer() for v in values) else f"{m:.6g}"
 
 
-def compare(case: dict, model: Path, report: dict) -> list[dict]:
+def worlds(case: dict, model: Path) -> dict:
+    """The topologies each prediction simulates on, calibrated by the cost model file."""
     import weft.netns
     from weft import topo
     from weft.topo import Topology
@@ -150,30 +151,43 @@ def compare(case: dict, model: Path, report: dict) -> list[dict]:
     # The small-buffer betas at every size: what the large-buffer ones add.
     one_beta = topo.load_cost_model(str(model))
     one_beta.large_bytes = 0
-    worlds = {
+    return {
         "simulated": Topology.from_cost_model(costs, **shape, **machine),
         "links_alone": Topology.from_cost_model(costs, **shape),
         "one_beta": Topology.from_cost_model(one_beta, **shape, **machine),
     }
+
+
+def predict(case: dict, model: Path, row: dict, on: dict) -> None:
+    """Fills row's predicted_s and error for its family, bytes and geometry (the slices and
+    slots the measured communicator agreed on), on the worlds `on`."""
+    from weft import topo
+
+    family, nbytes = row["family"], row["bytes"]
+    predicted = {
+        name: topo.simulate(family, world, nbytes, calls=CALLS, **row["geometry"]).time_s
+        for name, world in on.items()
+    }
+    predicted["closed_form"] = closed_form(case, topo.load_cost_model(str(model)), family, nbytes)
+    row["predicted_s"] = predicted
+    row["error"] = {k: v / row["measured_s"] - 1 for k, v in predicted.items()}
+
+
+def compare(case: dict, model: Path, report: dict) -> list[dict]:
+    on = worlds(case, model)
     buffering = {s["name"]: s["buffering"] for s in report["systems"] if "buffering" in s}
     rows = []
     for r in report["results"]:
         family = r["system"].partition("[")[2].rstrip("]")  # weft[ring], weft-tcp[ring]
         if r["in_place"] or family not in FAMILIES or r["wrong"]:
             continue
-        measured = r["time_us"] * 1e-6
         held = buffering[r["system"]]
         geometry = {"slice_bytes": held["slice_bytes"], "step_bytes": held["step_bytes"],
                     "slots": max(1, 2 * held["step_bytes"] // held["slice_bytes"])}  # fmt: skip
-        predicted = {
-            name: topo.simulate(family, world, r["bytes"], calls=CALLS, **geometry).time_s
-            for name, world in worlds.items()
-        }
-        predicted["closed_form"] = closed_form(case, costs, family, r["bytes"])
-        rows.append({"family": family, "bytes": r["bytes"], "measured_s": measured,
-                     "predicted_s": predicted,
-                     "error": {k: v / measured - 1 for k, v in predicted.items()},
-                     "runs_us": r["time_us_runs"]})  # fmt: skip
+        row = {"family": family, "bytes": r["bytes"], "measured_s": r["time_us"] * 1e-6,
+               "geometry": geometry, "runs_us": r["time_us_runs"]}  # fmt: skip
+        predict(case, model, row, on)
+        rows.append(row)
     return rows
 
 
@@ -186,19 +200,16 @@ def closed_form(case: dict, costs, family: str, nbytes: int) -> float:
     return topo.predict(family, "allreduce", nbytes, world, model=costs)
 
 
-def closed_form_again(out: dict, work: Path) -> None:
-    """Recomputes the committed run's closed-form column from its own calibration (after a
-    change to topo.predict), measuring nothing again."""
-    from weft import topo
-
+def predict_again(out: dict, work: Path) -> None:
+    """Recomputes the committed run's predictions from its own calibration and measurement
+    (after a change to the simulator or the closed form), measuring nothing again."""
     for name, case in out["cases"].items():
         model = work / f"{name}.model"
         model.write_text("\n".join(case["links"].split(", ")) + "\n")
-        costs = topo.load_cost_model(str(model))
-        for r in case["rows"]:
-            r["predicted_s"]["closed_form"] = closed_form(case, costs, r["family"], r["bytes"])
-            r["error"]["closed_form"] = r["predicted_s"]["closed_form"] / r["measured_s"] - 1
-    out["closed_form_date"] = f"{datetime.now(timezone.utc):%Y-%m-%d}"
+        on = worlds(case, model)
+        for row in case["rows"]:
+            predict(case, model, row, on)
+    out["predicted_date"] = f"{datetime.now(timezone.utc):%Y-%m-%d}"
 
 
 def write_md(out: dict, path: Path) -> None:
@@ -211,8 +222,9 @@ def write_md(out: dict, path: Path) -> None:
              "knows of its machine (tcp4: the CPU pool of its cores; netns2x2: tc's token "
              "buckets); one beta: the small-buffer betas at every size; closed form: "
              "topo.predict with the same cost model (at each size)"
-             + (f", recomputed {out['closed_form_date']} from the same calibration "
-                "(`--closed-form-again`)." if "closed_form_date" in out else ".")]  # fmt: skip
+             + (f"; the predictions recomputed {out['predicted_date']} from the same "
+                "calibration and measurement (`--predict-again`)." if "predicted_date" in out
+                else ".")]  # fmt: skip
     for case in out["cases"].values():
         rows = case["rows"]
         hits = {k: sum(abs(r["error"][k]) <= GOAL for r in rows) for k in PREDICTIONS}
@@ -264,15 +276,15 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--repeats", type=int, default=2, help="weft-bench launches per case")
     parser.add_argument(
-        "--closed-form-again",
+        "--predict-again",
         action="store_true",
-        help="recompute the committed run's closed form; measure nothing",
+        help="recompute the committed run's predictions; measure nothing",
     )
     args = parser.parse_args()
-    if args.closed_form_again:
+    if args.predict_again:
         out = json.loads((RESULTS / "predict_vs_measure.json").read_text())
         with tempfile.TemporaryDirectory() as d:
-            closed_form_again(out, Path(d))
+            predict_again(out, Path(d))
         write_results(out)
         return 0
     out = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d}", "goal": GOAL,

@@ -547,6 +547,24 @@ def test_ranks_sharing_cpus_take_turns_for_each_message_and_each_reduction():
         assert seconds(reductions, gamma) == pytest.approx(turns * side_by_side, rel=1e-3)
 
 
+def test_a_ranks_channels_take_turns_on_its_thread_in_a_cpu_pool():
+    # Rank 0 reduces on two channels at once, rank 1 on one, 2 cores: rank 1 has a core of its
+    # own, rank 0's channels share one thread (the executor's), so its reductions take turns.
+    n, gamma = 1 << 18, 1e-9  # elements; 4 B each
+    p = topo.Program("allreduce", ranks=2, count=2 * n, name="two channels")
+    for channel in (0, 1):
+        part = slice(channel * n, (channel + 1) * n)
+        p.reduce(0, src=p.input[part], dst=p.scratch[part], channel=channel)
+    p.reduce(1, src=p.input[0:n], dst=p.scratch[0:n])
+    pair = Topology.fully_connected(2, latency_s=0.0, bandwidth_Bps=1e15)
+    one_reduction = 4 * n * gamma
+    apart = topo.simulate(p.algorithm(), pair, gamma_s_per_b=gamma)
+    assert apart.time_s == pytest.approx(one_reduction)  # no pool: each channel a CPU
+    pooled = topo.simulate(p.algorithm(), pair.sharing_cpus(2, 0.0), gamma_s_per_b=gamma)
+    assert pooled.time_s == pytest.approx(2 * one_reduction)
+    assert pooled.rank_done_s[1] == pytest.approx(one_reduction)
+
+
 def test_a_loop_of_calls_costs_what_one_call_does_where_nothing_carries_over():
     world = ring(5)
     one = topo.simulate("ring", world, 5 << 20).time_s

@@ -1,7 +1,6 @@
 #include "core/sim/core_calendar.h"
 
 #include <iterator>
-#include <limits>
 
 namespace weft::sim {
 namespace {
@@ -19,16 +18,13 @@ double earliest_gap(const std::map<double, double>& busy, double t, double secon
 
 }  // namespace
 
-double CoreCalendar::book(double t, double seconds) {
-  if (!(seconds > 0)) return t;
-  double best = std::numeric_limits<double>::infinity();
-  std::map<double, double>* core = nullptr;
-  for (auto& busy : busy_) {
-    const double start = earliest_gap(busy, t, seconds);
-    if (start < best) best = start, core = &busy;
+CoreCalendar::Gap CoreCalendar::earliest(double t, double seconds) const {
+  Gap best{earliest_gap(busy_[0], t, seconds), 0};
+  for (size_t c = 1; c < busy_.size() && best.start > t; ++c) {
+    const double start = earliest_gap(busy_[c], t, seconds);
+    if (start < best.start) best = {start, c};
   }
-  core->emplace(best, best + seconds);
-  return best + seconds;
+  return best;
 }
 
 void CoreCalendar::forget_until(double t) {

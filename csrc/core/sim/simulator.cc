@@ -81,6 +81,7 @@ class Sim {
     free_at_.assign(hops, 0);
     token_stamp_.assign(hops, 0);
     for (const CpuPool& pool : net.pools()) cores_.emplace_back(pool.cores);
+    if (!cores_.empty()) threads_.assign(prog_.ranks(), CoreCalendar(1));
     tokens_.resize(hops);
     for (size_t h = 0; h < hops; ++h) tokens_[h] = net.link(static_cast<Hop>(h)).burst_bytes;
     result_.hop_bytes.assign(hops, 0);
@@ -112,7 +113,7 @@ class Sim {
       if (p.scheduled != e.t) continue;  // superseded by an earlier resume
       p.scheduled = -1;
       ++result_.events;
-      for (CoreCalendar& cores : cores_) cores.forget_until(e.t);
+      now_ = e.t;
       advance(e.proc, e.t);
     }
     report_deadlock();
@@ -168,7 +169,7 @@ class Sim {
     if (const int pool = net_.pool_of(rank); pool >= 0) {
       const CpuPool& cpus = net_.pools()[pool];
       const double seconds = cpus.s_per_message + static_cast<double>(bytes) * cpus.s_per_b;
-      tail = cores_[pool].book(t, seconds);
+      tail = cpu_work(rank, t, seconds);
       head = tail - seconds;
     }
     for (uint32_t i = 0; i < conn.route_len; ++i) {
@@ -201,11 +202,25 @@ class Sim {
     }
   }
 
-  // CPU work of `seconds` that rank r can start at t, ending when returned: on
-  // a core of its pool, or at once where r is in no pool.
+  // CPU work of `seconds` that rank r can start at t, ending when returned:
+  // where r is in a pool, on one of its cores while r's thread does nothing
+  // else (its channels share the thread), else at once.
   double cpu_work(int r, double t, double seconds) {
     const int pool = net_.pool_of(r);
-    return pool >= 0 ? cores_[pool].book(t, seconds) : t + seconds;
+    if (pool < 0) return t + seconds;
+    if (!(seconds > 0)) return t;
+    CoreCalendar &cores = cores_[pool], &thread = threads_[r];
+    cores.forget_until(now_);
+    thread.forget_until(now_);
+    CoreCalendar::Gap mine = thread.earliest(t, seconds),
+                      core = cores.earliest(mine.start, seconds);
+    while (core.start > mine.start) {
+      mine = thread.earliest(core.start, seconds);
+      core = cores.earliest(mine.start, seconds);
+    }
+    thread.take(mine, seconds);
+    cores.take(core, seconds);
+    return mine.start + seconds;
   }
 
   // A token-bucket wire's tokens at t (it refills at its rate while idle).
@@ -390,8 +405,10 @@ class Sim {
   std::vector<Conn> conns_;
   std::vector<double> arrival_;  // slots per connection, a ring of arrival times
   std::vector<Hop> routes_;
-  std::vector<double> free_at_;      // per wire
-  std::vector<CoreCalendar> cores_;  // per CPU pool
+  std::vector<double> free_at_;        // per wire
+  std::vector<CoreCalendar> cores_;    // per CPU pool
+  std::vector<CoreCalendar> threads_;  // per rank, where there are pools
+  double now_ = 0;                     // the time of the event being run
   // Token buckets, per wire: tokens at token_stamp_ (full at the start).
   std::vector<double> tokens_, token_stamp_;
   std::vector<double> last_arrival_;

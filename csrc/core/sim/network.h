@@ -28,7 +28,7 @@ struct Link {
 };
 
 // Cores that ranks share: every message a rank of the pool sends takes one of
-// them (the one free soonest) for s_per_message + bytes x s_per_b, what a
+// them (core_calendar.h) for s_per_message + bytes x s_per_b, what a
 // socket's system calls and copies cost its sender and receiver on one
 // machine, and every reduction it runs takes one for its own time, one piece
 // of work at a time per rank (a rank's channels share its thread). Ranks in

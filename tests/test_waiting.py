@@ -15,6 +15,10 @@ import numpy as np
 
 LATE_S = 0.3
 ROUNDS = 5
+# The ring's late rank: long enough that napping (a sleep a millisecond once past 20 ms) stands
+# well apart from the sleeps of the early ranks' own exchanges, which move a 4 KiB slot a
+# wake-up when other processes hold the cores (up to about 400 a round on 2 busy cores).
+RING_LATE_S = 1.0
 
 
 def voluntary_switches() -> int:
@@ -79,12 +83,13 @@ def case_ring_waits_for_a_late_rank(ctx, late_s, rounds, nbytes):
 
 def test_a_rank_waiting_on_two_connections_sleeps_until_either_moves(pools):
     # Slots of 4 KiB: 1 MiB fills every FIFO, so the early ranks block receiving and sending.
-    sleeps = pools.get(3, "shm-small").run(case_ring_waits_for_a_late_rank, LATE_S, 3, 1 << 20)
-    # Napping on the receive alone, 20-50 us at a time: 550-750 sleeps a round here. Asleep
-    # on both FIFOs' doorbells (futex_waitv), woken when either peer rings: 30-150.
+    sleeps = pools.get(3, "shm-small").run(case_ring_waits_for_a_late_rank, RING_LATE_S, 3, 1 << 20)
+    # Napping blind, 50 us at a time for 20 ms and then 1 ms: 1300-1900 sleeps a round here.
+    # Asleep on the FIFOs' doorbells (both at once with futex_waitv), woken when a peer rings
+    # or after 10 ms: about 100, and up to about 450 when the early ranks' exchange crawls.
     early = [max(n for n, _ in rounds) for rounds in sleeps[:-1]]
-    assert max(early) < 300, f"the early ranks went to sleep {sleeps[:-1]} times per round"
+    assert max(early) < 800, f"the early ranks went to sleep {sleeps[:-1]} times per round"
     # A wait that spins instead of sleeping goes to sleep rarely too, but spends the wait on
     # the CPU (measured: 4-7 ms of CPU per round).
     cpu_s = [max(c for _, c in rounds) for rounds in sleeps[:-1]]
-    assert max(cpu_s) < LATE_S / 3, f"the early ranks spent {cpu_s} s of CPU waiting"
+    assert max(cpu_s) < RING_LATE_S / 3, f"the early ranks spent {cpu_s} s of CPU waiting"

@@ -184,21 +184,22 @@ bool hosts_are_blocks(const Topology& topo) {
   return topo.hosts > 1 && topo.ranks_by_host && topo.ranks_per_host > 0;
 }
 
-// The link that exchanges between the pairs of world ranks `pairs`, all at
-// once, take: across hosts numbered in blocks, shared memory where every pair
-// shares a host, else the host link, whose bandwidth the busiest host's
-// crossing exchanges share (counted at both ends; a link is duplex);
-// elsewhere shared_by_host.
-LinkCost link_of_pairs(const Topology& topo, const std::vector<std::pair<int, int>>& pairs,
-                       const LinkCost& flat, const LinkCost& inside) {
+// The link that exchanges between pairs of world ranks, all at once, take
+// (`each_pair(visit)` calls visit(a, b) for every pair): across hosts numbered
+// in blocks, shared memory where every pair shares a host, else the host
+// link, whose bandwidth the busiest host's crossing exchanges share (counted
+// at both ends; a link is duplex); elsewhere shared_by_host.
+template <typename EachPair>
+LinkCost link_of_pairs(const Topology& topo, EachPair each_pair, const LinkCost& flat,
+                       const LinkCost& inside) {
   if (!hosts_are_blocks(topo)) return shared_by_host(topo, flat);
   std::vector<int> crossing(static_cast<size_t>(topo.hosts), 0);
-  for (const auto& [a, b] : pairs) {
+  each_pair([&](int a, int b) {
     const int host_a = a / topo.ranks_per_host, host_b = b / topo.ranks_per_host;
-    if (host_a == host_b) continue;
+    if (host_a == host_b) return;
     ++crossing[host_a];
     ++crossing[host_b];
-  }
+  });
   const int busiest = *std::max_element(crossing.begin(), crossing.end());
   if (busiest == 0) return inside;
   LinkCost link = flat;
@@ -216,13 +217,13 @@ std::vector<LinkCost> halving_round_links(const Topology& topo, const LinkCost& 
   const std::vector<int> group = algo::halving_doubling_group(topo.size);
   const int p = static_cast<int>(group.size());
   std::vector<LinkCost> links;
-  std::vector<std::pair<int, int>> pairs;
   for (int m = 1; m < p; m *= 2) {
-    pairs.clear();
-    for (int i = 0; i < p; ++i) {
-      if (i < (i ^ m)) pairs.emplace_back(group[i], group[i ^ m]);
-    }
-    links.push_back(link_of_pairs(topo, pairs, flat, inside));
+    const auto round_pairs = [&](auto visit) {
+      for (int i = 0; i < p; ++i) {
+        if (i < (i ^ m)) visit(group[i], group[i ^ m]);
+      }
+    };
+    links.push_back(link_of_pairs(topo, round_pairs, flat, inside));
   }
   return links;
 }
@@ -512,9 +513,10 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   // message as the next comes, so the slower of the link and the reduction
   // sets the pace, and the other adds one message's worth.
   const auto fold_link = [&] {
-    std::vector<std::pair<int, int>> pairs;
-    for (int r = 0; r < 2 * (topo.size - p); r += 2) pairs.emplace_back(r, r + 1);
-    return link_of_pairs(topo, pairs, flat, model.shm);
+    const auto fold_pairs = [&](auto visit) {
+      for (int r = 0; r < 2 * (topo.size - p); r += 2) visit(r, r + 1);
+    };
+    return link_of_pairs(topo, fold_pairs, flat, model.shm);
   };
   const auto fold = [&] {
     if (topo.size == p) return 0.0;

@@ -158,9 +158,10 @@ def worlds(case: dict, model: Path) -> dict:
     }
 
 
-def predict(case: dict, model: Path, row: dict, on: dict) -> None:
+def predict(case: dict, costs, row: dict, on: dict) -> None:
     """Fills row's predicted_s and error for its family, bytes and geometry (the slices and
-    slots the measured communicator agreed on), on the worlds `on`."""
+    slots the measured communicator agreed on), on the worlds `on` and by the closed form with
+    the cost model `costs`."""
     from weft import topo
 
     family, nbytes = row["family"], row["bytes"]
@@ -168,13 +169,15 @@ def predict(case: dict, model: Path, row: dict, on: dict) -> None:
         name: topo.simulate(family, world, nbytes, calls=CALLS, **row["geometry"]).time_s
         for name, world in on.items()
     }
-    predicted["closed_form"] = closed_form(case, topo.load_cost_model(str(model)), family, nbytes)
+    predicted["closed_form"] = closed_form(case, costs, family, nbytes)
     row["predicted_s"] = predicted
     row["error"] = {k: v / row["measured_s"] - 1 for k, v in predicted.items()}
 
 
 def compare(case: dict, model: Path, report: dict) -> list[dict]:
-    on = worlds(case, model)
+    from weft import topo
+
+    on, costs = worlds(case, model), topo.load_cost_model(str(model))
     buffering = {s["name"]: s["buffering"] for s in report["systems"] if "buffering" in s}
     rows = []
     for r in report["results"]:
@@ -186,7 +189,7 @@ def compare(case: dict, model: Path, report: dict) -> list[dict]:
                     "slots": max(1, 2 * held["step_bytes"] // held["slice_bytes"])}  # fmt: skip
         row = {"family": family, "bytes": r["bytes"], "measured_s": r["time_us"] * 1e-6,
                "geometry": geometry, "runs_us": r["time_us_runs"]}  # fmt: skip
-        predict(case, model, row, on)
+        predict(case, costs, row, on)
         rows.append(row)
     return rows
 
@@ -203,12 +206,14 @@ def closed_form(case: dict, costs, family: str, nbytes: int) -> float:
 def predict_again(out: dict, work: Path) -> None:
     """Recomputes the committed run's predictions from its own calibration and measurement
     (after a change to the simulator or the closed form), measuring nothing again."""
+    from weft import topo
+
     for name, case in out["cases"].items():
         model = work / f"{name}.model"
         model.write_text("\n".join(case["links"].split(", ")) + "\n")
-        on = worlds(case, model)
+        on, costs = worlds(case, model), topo.load_cost_model(str(model))
         for row in case["rows"]:
-            predict(case, model, row, on)
+            predict(case, costs, row, on)
     out["predicted_date"] = f"{datetime.now(timezone.utc):%Y-%m-%d}"
 
 

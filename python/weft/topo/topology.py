@@ -62,11 +62,11 @@ class Link:
 @dataclass(frozen=True)
 class CpuPool:
     """Cores that ranks share, as one machine's: every message one of ``ranks`` sends first
-    takes one of ``cores`` for ``s_per_message`` + bytes x ``s_per_b``,
-    what a socket's system calls and copies cost the machine, and crosses its wires cut-through
-    behind it; every reduction one of them runs takes a core for its time too, and a rank does
-    one such piece of work at a time (its channels share its thread). Ranks in no pool send and
-    reduce without waiting for a core (each has the CPU it needs)."""
+    takes one of ``cores`` for ``s_per_message`` + bytes x ``s_per_b``, what a socket's system
+    calls and copies cost the machine, and crosses its wires cut-through behind it; every
+    reduction one of them runs takes a core for its time too, and a rank does one such piece of
+    work at a time (its channels share its thread). Ranks in no pool send and reduce without
+    waiting for a core (each has the CPU it needs)."""
 
     ranks: tuple[int, ...]
     cores: int

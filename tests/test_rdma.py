@@ -215,3 +215,41 @@ def test_write_counts_follow_the_protocol(pools, backend, count):
             assert peer["unused_clear_to_send"] <= peer["early_clear_to_send"], peer
         # The first barrier's messages, sent before the count began, may be credited in it.
         assert peer["credit"] <= messages + 2, (me, peer)
+
+
+def case_late_root_broadcast(ctx, count, late_s):
+    """A 2-rank tree broadcast of ``count`` floats whose root starts ``late_s`` late: whether the
+    other rank got the root's data, and what each rank's connections wrote."""
+    import time
+
+    import numpy as np
+    import weft
+
+    comm = weft.Communicator(
+        ctx.store, ctx.rank, ctx.size, name=ctx.fresh_name("tree"), timeout=60, algo="tree"
+    )
+    expected = np.arange(count, dtype=np.float32)
+    buf = expected.copy() if ctx.rank == 0 else np.zeros(count, np.float32)
+    comm.barrier()
+    before = weft._C.rdma_writes()
+    if ctx.rank == 0:
+        time.sleep(late_s)
+    comm.broadcast(buf, root=0)
+    comm.barrier()
+    after = weft._C.rdma_writes()
+    wrote = {kind: after[kind] - before[kind] for kind in after}
+    return {"right": bool(np.array_equal(buf, expected)), **wrote}
+
+
+def test_a_receiving_step_clears_its_messages_before_they_are_asked_for(pools, backend):
+    """A step that receives several messages into one span (4 MiB: four of the 1 MiB slots) says
+    so as it begins (Connection::expect_receives), and its connection writes the clear-to-send
+    entries of as many as it has slots at once, then one more as each comes: with the root 0.3 s
+    late, every entry was written before its ready-to-send came, and every payload went right
+    after its header. Receiving one message at a time, only the first entry was early."""
+    root, leaf = pools.get(2, pool_name(backend)).run(case_late_root_broadcast, 2**20, 0.3)
+    assert root["right"] and leaf["right"]
+    assert root["ready_to_send"] >= 4, root
+    assert root["ready_to_send"] == root["payload"] == leaf["clear_to_send"], (root, leaf)
+    assert leaf["early_clear_to_send"] == leaf["clear_to_send"], leaf
+    assert leaf["unused_clear_to_send"] == 0, leaf

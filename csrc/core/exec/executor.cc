@@ -190,6 +190,7 @@ class Run {
                         << " recv_from=" << s.recv_peer << " send_to=" << s.send_peer
                         << " count=" << s.count << " channel=" << s.channel);
       if (s.kind == Step::Kind::Exchange) begin_exchange(s, p);
+      if (s.kind == Step::Kind::Fused) expect_fused_receive(s);
     }
     switch (s.kind) {
       case Step::Kind::Fused: return advance_fused(s, p);
@@ -428,7 +429,7 @@ class Run {
       }
       // A forward whose message arrives through staging copies (tcp):
       // straight into place, and on from there (below).
-      if (rc && sc && dst && !local && div == 0 && rc->stages_by_copy()) {
+      if (rc && sc && dst && !local && div == 0 && rc->recv_slot_copies()) {
         if (!p.received && !receive(false)) return false;
         p.received = true;
         if (!send(dst)) return false;
@@ -437,7 +438,7 @@ class Run {
       }
       // What a step writes into dst is the op's result there, so where
       // staging a send costs a copy, dst goes out by reference instead.
-      const bool send_dst = sc && dst && sc->stages_by_copy();
+      const bool send_dst = sc && dst && sc->send_slot_copies();
       if (sc && !send_dst && !p.slot &&
           !attempt([&] { return (p.slot = sc->send_slot()) != nullptr; }, sc, false, "send to",
                    s.send_peer)) {
@@ -478,9 +479,24 @@ class Run {
     return c;
   }
 
+  // An Exchange's dst is apart from what it sends, so where it takes the
+  // received bytes as they come (no operand) the connection may fill it from
+  // the start.
   void begin_exchange(const Step& s, StepProgress& p) const {
     p.out = cursor(s.local, connection(s, s.send_peer));
     p.in = cursor(s.dst, connection(s, s.recv_peer));
+    if (p.in.pending && !s.operand && p.in.bytes > 0) {
+      connection(s, s.recv_peer)->expect_receives(p.in.start, p.in.bytes, p.in.slice);
+    }
+  }
+
+  // The same for a Fused step that only receives into its destination (see
+  // advance_fused's plain receive).
+  void expect_fused_receive(const Step& s) const {
+    Connection* rc = connection(s, s.recv_peer);
+    if (!rc || s.send_peer >= 0 || s.local || !s.dst || divisor(s) != 0 || s.count == 0) return;
+    const size_t slice = std::max<size_t>(1, op_.slice_bytes / elem_) * elem_;
+    rc->expect_receives(address(*s.dst), s.count * elem_, slice);
   }
 
   // Moves one message if the connection accepts it now.

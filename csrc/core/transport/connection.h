@@ -49,6 +49,14 @@ class Connection {
   // output): a transport that copies may bypass the cache.
   virtual bool recv_into_streaming(void* dst, size_t bytes) { return recv_into(dst, bytes); }
 
+  // Says that the next messages this connection receives are recv_into calls
+  // filling [dst, dst + bytes) in order, `slice` bytes each but the last.
+  // Called as a step begins, for memory that nothing else on this rank reads
+  // or writes until those messages are in: a transport whose peer writes into
+  // the receiver's memory (RDMA) may let it write there before recv_into asks,
+  // so that no message waits on the receiver to reach it. Others ignore it.
+  virtual void expect_receives(void* /*dst*/, size_t /*bytes*/, size_t /*slice*/) {}
+
   // Moves bytes (sockets) and checks that the peer is alive. Throws PeerError
   // when the peer is gone or broke the protocol.
   virtual void progress() = 0;
@@ -83,10 +91,17 @@ class Connection {
     return false;
   }
 
-  // Whether send_slot and recv_slot cost a copy each that send_from and
-  // recv_into avoid (a socket's staging buffers; shared memory's slots are
-  // the transfer itself).
-  virtual bool stages_by_copy() const { return false; }
+  // Whether filling a send_slot costs a copy that send_from of memory already
+  // holding the data avoids: a step whose result goes both to its dst and to
+  // a peer then writes dst alone and sends it from there (a socket's staging
+  // buffers, an RDMA outbox; shared memory's slots are the transfer itself).
+  virtual bool send_slot_copies() const { return false; }
+  // Whether recv_slot costs a copy that recv_into avoids (a socket's staging
+  // buffers): a message forwarded on is then received straight into its dst
+  // and sent on from there. Not RDMA's: a message forwarded from its eager
+  // slot goes on eagerly, where sent from dst it would wait at every hop for
+  // the next receiver's clear-to-send.
+  virtual bool recv_slot_copies() const { return false; }
 
   virtual size_t slot_bytes() const = 0;
   virtual size_t capacity_bytes() const = 0;

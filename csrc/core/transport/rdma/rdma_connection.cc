@@ -24,12 +24,15 @@
 // clear-to-send at once, as NCCL's net_ib posts its receives: when the
 // sender gets to the message it writes the header and the payload back to
 // back, and the rendezvous costs no round trip (the entry goes unused if the
-// message comes eagerly). Clear-to-send
-// entries thus carry the rendezvous, and the slots they belong to the
-// credits. Immediates name every write (rdma_wire.h), so the receiver learns
-// of every message from its completion queue without polling memory, in
-// whatever order the endpoint delivers them (a reliable connection keeps
-// order; FI_EP_RDM endpoints need not).
+// message comes eagerly). Where the executor says which receives come next
+// (expect_receives: a step's messages into one span), the entries for as many
+// of them as there are slots go at once, and each received message clears the
+// next: the sender writes a step's payloads back to back instead of waiting a
+// round trip for each. Clear-to-send entries thus carry the rendezvous, and
+// the slots they belong to the credits. Immediates name every write
+// (rdma_wire.h), so the receiver learns of every message from its completion
+// queue without polling memory, in whatever order the endpoint delivers them
+// (a reliable connection keeps order; FI_EP_RDM endpoints need not).
 //
 // Counted per transfer: an eager message is one write one way (and a Credit
 // write back for every half of the slots freed, unless messages going back
@@ -107,8 +110,10 @@ class RdmaConnection : public Connection {
         control_(control),
         endpoint_(std::move(endpoint)),
         sends_(static_cast<size_t>(slots_)),
+        early_cts_(static_cast<size_t>(slots_), 0),
         arrived_(static_cast<size_t>(slots_), 0),
         freed_(static_cast<size_t>(slots_), false),
+        clears_(static_cast<size_t>(slots_)),
         cache_(*endpoint_) {
     if (slots_ < 1 || slot_bytes_ == 0) {
       throw InvalidArgument(std::string(name) +
@@ -177,6 +182,7 @@ class RdmaConnection : public Connection {
     char* payload = inbox_slot(next_) + sizeof(Header);
     if (!receive(bytes, payload, true)) return nullptr;
     held_.push_back(next_++);
+    clear_offered();
     return payload;
   }
 
@@ -189,8 +195,26 @@ class RdmaConnection : public Connection {
   bool recv_into(void* dst, size_t bytes) override {
     if (!receive(bytes, static_cast<char*>(dst), false)) return false;
     if (!rendezvous_ && bytes > 0) std::memcpy(dst, inbox_slot(next_) + sizeof(Header), bytes);
-    free_slot(next_++);
+    const uint64_t seq = next_++;
+    clear_offered();
+    free_slot(seq);
     return true;
+  }
+
+  void expect_receives(void* dst, size_t bytes, size_t slice) override {
+    if (next_ < offer_end_) {
+      throw InvalidArgument(std::string(name_) +
+                            ": receives expected before the ones expected earlier came");
+    }
+    if (bytes <= kEagerCopyBytes || slice <= kEagerCopyBytes || !broken_.empty()) return;
+    offer_dst_ = static_cast<char*>(dst);
+    offer_bytes_ = bytes;
+    offer_slice_ = slice;
+    offer_first_ = offer_next_ = next_;
+    offer_end_ = next_ + (bytes + offer_slice_ - 1) / offer_slice_;
+    // One registration for the span, which the messages' own share.
+    offer_region_ = &cache_.acquire(dst, bytes);
+    clear_offered();
   }
 
   void progress() override {
@@ -231,6 +255,7 @@ class RdmaConnection : public Connection {
   // one).
   bool ready_to_sleep() override { return intact() && endpoint_->arm_sleep_fd(); }
 
+  bool send_slot_copies() const override { return true; }
   size_t slot_bytes() const override { return slot_bytes_; }
   size_t capacity_bytes() const override { return slot_bytes_ * static_cast<size_t>(slots_); }
   const char* transport_name() const override { return name_; }
@@ -362,9 +387,8 @@ class RdmaConnection : public Connection {
       }
       credit_sent_ = freed_seq_;
       ++s.pending;
-      if (early_cts_ == written_seq_ + 1) {
-        early_cts_ = 0;
-        if (s.src) take_clear_to_send(written_seq_, s);
+      if (early_cts_[written_seq_ % slots_] == written_seq_ + 1 && s.src) {
+        take_clear_to_send(written_seq_, s);
       }
       ++written_seq_;
     }
@@ -427,16 +451,17 @@ class RdmaConnection : public Connection {
       }
       case Kind::ClearToSend: {
         // When it was written the receiver was at most `slots_` messages
-        // behind what was sent, and at most at the next message to write
-        // (an early entry). Seen as beyond that, it is an early entry for a
-        // message that went eagerly long ago, overtaken by the writes after
-        // it (several QPs deliver in any order): nothing to do.
+        // behind what was sent, and fewer than `slots_` ahead of the next
+        // message to write (early entries). Seen as beyond that, it is an
+        // early entry for a message that went eagerly long ago, overtaken by
+        // the writes after it (several QPs deliver in any order): nothing to
+        // do.
         const uint64_t slots = static_cast<uint64_t>(slots_);
         const uint64_t seq =
             rdma_wire::seq_after(done_seq_ >= slots ? done_seq_ - slots : 0, c.imm);
-        if (seq > written_seq_) return;
-        if (seq == written_seq_) {
-          early_cts_ = seq + 1;  // taken when its header is written
+        if (seq >= written_seq_ + slots) return;
+        if (seq >= written_seq_) {
+          early_cts_[seq % slots_] = seq + 1;  // taken when its header is written
           return;
         }
         if (seq < done_seq_ || !sends_[seq % slots_].src) return;  // it went eagerly
@@ -446,10 +471,12 @@ class RdmaConnection : public Connection {
         return;
       }
       case Kind::Payload: {
-        if (rdma_wire::seq_after(next_, c.imm) != next_ || !cleared_) {
+        const uint64_t seq = rdma_wire::seq_after(next_, c.imm);
+        Clear& clear = clears_[seq % slots_];
+        if (seq >= next_ + slots_ || clear.seq != seq + 1 || clear.payload_arrived) {
           return protocol_error("payload that was not asked for");
         }
-        payload_arrived_ = true;
+        clear.payload_arrived = true;
         return;
       }
       case Kind::Credit: {
@@ -492,9 +519,16 @@ class RdmaConnection : public Connection {
     pump();
     recv_waiting_ = true;
     if (!broken_.empty()) return false;
+    Clear& clear = clears_[next_ % slots_];
+    const bool cleared = clear.seq == next_ + 1;
+    if (cleared && clear.dst != dst) {
+      throw InvalidArgument(std::string(name_) +
+                            ": a receive into other memory than its clear-to-send named (the "
+                            "receive's first try, or expect_receives)");
+    }
     if (arrived_[next_ % slots_] != next_ + 1) {
-      if (!cleared_ && !into_slot && bytes > kEagerCopyBytes) {
-        clear_to_send(bytes, dst, false);
+      if (!cleared && !into_slot && bytes > kEagerCopyBytes) {
+        clear_to_send(next_, bytes, dst, false);
         ++g_cts_early;
         pump();
       }
@@ -523,17 +557,14 @@ class RdmaConnection : public Connection {
       header_checked_ = true;
     }
     if (rendezvous_) {
-      if (!cleared_) {
-        clear_to_send(bytes, dst, into_slot);
+      if (!cleared) {
+        clear_to_send(next_, bytes, dst, into_slot);
         pump();
-      } else if (dst != cleared_dst_) {
-        throw InvalidArgument(std::string(name_) +
-                              ": a receive repeated with a different buffer mid-message");
       }
-      if (!payload_arrived_) return false;
-      end_clear_to_send();
-    } else if (cleared_) {
-      end_clear_to_send();  // an early entry the eager message did not need
+      if (!clear.payload_arrived) return false;
+      end_clear_to_send(next_);
+    } else if (cleared) {
+      end_clear_to_send(next_);  // an early entry the eager message did not need
       ++g_cts_unused;
     }
     header_checked_ = false;
@@ -541,22 +572,51 @@ class RdmaConnection : public Connection {
     return true;
   }
 
-  void clear_to_send(size_t bytes, char* dst, bool into_slot) {
+  // Message seq (from next_ to fewer than `slots_` beyond it) may be written
+  // to dst. Its entry takes the outbox's place of message seq - slots_, whose
+  // payload has come, so that entry's write was done.
+  void clear_to_send(uint64_t seq, size_t bytes, char* dst, bool into_slot) {
+    Clear& clear = clears_[seq % slots_];
     const MemoryRegion* region = region_.get();
-    if (!into_slot && bytes > 0) region = dst_region_ = &cache_.acquire(dst, bytes);
-    ClearToSend& cts = *outbox_cts(next_);
+    if (!into_slot && bytes > 0) region = clear.region = &cache_.acquire(dst, bytes);
+    ClearToSend& cts = *outbox_cts(seq);
     const uint64_t key = bad_key_ ? ~region->remote_key() : region->remote_key();
-    cts = ClearToSend{region->remote_address(dst), key, bytes, next_, operation_};
-    cleared_ = true;
-    cleared_dst_ = dst;
+    cts = ClearToSend{region->remote_address(dst), key, bytes, seq, operation_};
+    clear.seq = seq + 1;
+    clear.dst = dst;
     // A clear-to-send that does not fit now goes on the next pump.
-    pending_cts_.push_back(next_);
+    pending_cts_.push_back(seq);
   }
 
-  void end_clear_to_send() {
-    if (dst_region_) cache_.release(*dst_region_);
-    dst_region_ = nullptr;
-    cleared_ = payload_arrived_ = false;
+  void end_clear_to_send(uint64_t seq) {
+    Clear& clear = clears_[seq % slots_];
+    if (clear.region) cache_.release(*clear.region);
+    clear = Clear{};
+  }
+
+  // Clears the expected messages that have a slot's room ahead of the next
+  // one received: those long enough to come by rendezvous, and not already
+  // come eagerly. The span's registration goes with the last of them.
+  void clear_offered() {
+    if (offer_region_ && next_ >= offer_end_) {
+      cache_.release(*offer_region_);
+      offer_region_ = nullptr;
+    }
+    const uint64_t end = std::min(offer_end_, next_ + slots_);
+    if (offer_next_ >= end || !broken_.empty()) return;
+    bool cleared_any = false;
+    for (; offer_next_ < end; ++offer_next_) {
+      const uint64_t seq = offer_next_;
+      const size_t at = (seq - offer_first_) * offer_slice_;
+      const size_t bytes = std::min(offer_slice_, offer_bytes_ - at);
+      const bool arrived = arrived_[seq % slots_] == seq + 1;
+      if (bytes <= kEagerCopyBytes || clears_[seq % slots_].seq == seq + 1) continue;
+      if (arrived && reinterpret_cast<const Header*>(inbox_slot(seq))->rendezvous == 0) continue;
+      clear_to_send(seq, bytes, offer_dst_ + at, false);
+      if (!arrived) ++g_cts_early;
+      cleared_any = true;
+    }
+    if (cleared_any) pump();
   }
 
   void post_cts() {
@@ -612,7 +672,8 @@ class RdmaConnection : public Connection {
   uint64_t send_seq_ = 0, written_seq_ = 0, done_seq_ = 0;
   uint64_t peer_freed_ = 0;  // slots the peer freed: we may write below peer_freed_ + slots_
   bool reserved_ = false;
-  uint64_t early_cts_ = 0;  // seq + 1 of a clear-to-send that came before its header went
+  // Per slot: seq + 1 of a clear-to-send that came before its header went.
+  std::vector<uint64_t> early_cts_;
 
   // Receiving: arrived_[slot] is 1 + the seq of the message that landed in
   // it (0: none; writes may land out of order on unordered endpoints, as
@@ -633,10 +694,22 @@ class RdmaConnection : public Connection {
   bool header_checked_ = false;
   bool rendezvous_ = false;    // next_'s header, as checked, asked for a clear-to-send
   bool recv_waiting_ = false;  // a receive of next_ was asked for and has not completed
-  bool cleared_ = false, payload_arrived_ = false;  // next_'s rendezvous
-  const char* cleared_dst_ = nullptr;
-  const MemoryRegion* dst_region_ = nullptr;
+  // Per slot: the clear-to-send entry written for message seq - 1 (0: none).
+  struct Clear {
+    uint64_t seq = 0;
+    const char* dst = nullptr;
+    const MemoryRegion* region = nullptr;  // dst's, held until the payload came
+    bool payload_arrived = false;
+  };
+  std::vector<Clear> clears_;
   std::deque<uint64_t> pending_cts_;
+  // expect_receives: messages offer_first_ to offer_end_ - 1 go into
+  // offer_dst_ (offer_bytes_ in all, offer_slice_ each); those before
+  // offer_next_ have been looked at.
+  char* offer_dst_ = nullptr;
+  size_t offer_bytes_ = 0, offer_slice_ = 0;
+  uint64_t offer_first_ = 0, offer_next_ = 0, offer_end_ = 0;
+  const MemoryRegion* offer_region_ = nullptr;
 
   RegistrationCache cache_;
   std::string broken_;

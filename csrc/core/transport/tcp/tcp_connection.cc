@@ -203,7 +203,8 @@ class TcpConnection : public Connection {
   void shutdown() override { socket_.shutdown(); }
 
   int readiness_fd() const override { return socket_.fd(); }
-  bool stages_by_copy() const override { return true; }
+  bool send_slot_copies() const override { return true; }
+  bool recv_slot_copies() const override { return true; }
 
   size_t slot_bytes() const override { return slot_bytes_; }
   // What a sender can post with no help from the receiver: the staging

@@ -694,9 +694,9 @@ class RdmaConnection : public Connection {
   bool header_checked_ = false;
   bool rendezvous_ = false;    // next_'s header, as checked, asked for a clear-to-send
   bool recv_waiting_ = false;  // a receive of next_ was asked for and has not completed
-  // Per slot: the clear-to-send entry written for message seq - 1 (0: none).
+  // Per slot: the clear-to-send entry written for a message.
   struct Clear {
-    uint64_t seq = 0;
+    uint64_t seq = 0;  // the message's seq + 1 (0: none)
     const char* dst = nullptr;
     const MemoryRegion* region = nullptr;  // dst's, held until the payload came
     bool payload_arrived = false;

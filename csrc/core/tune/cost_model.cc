@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -184,15 +185,12 @@ bool hosts_are_blocks(const Topology& topo) {
   return topo.hosts > 1 && topo.ranks_by_host && topo.ranks_per_host > 0;
 }
 
-// The link that exchanges between pairs of world ranks, all at once, take
-// (`each_pair(visit)` calls visit(a, b) for every pair): across hosts numbered
-// in blocks, shared memory where every pair shares a host, else the host
-// link, whose bandwidth the busiest host's crossing exchanges share (counted
-// at both ends; a link is duplex); elsewhere shared_by_host.
+// How many exchanges between pairs of world ranks, all at once, cross the
+// busiest host's link (`each_pair(visit)` calls visit(a, b) for every pair;
+// counted at both ends, a link being duplex), across hosts numbered in
+// blocks: 0 where every pair shares a host.
 template <typename EachPair>
-LinkCost link_of_pairs(const Topology& topo, EachPair each_pair, const LinkCost& flat,
-                       const LinkCost& inside) {
-  if (!hosts_are_blocks(topo)) return shared_by_host(topo, flat);
+int busiest_crossing(const Topology& topo, EachPair each_pair) {
   std::vector<int> crossing(static_cast<size_t>(topo.hosts), 0);
   each_pair([&](int a, int b) {
     const int host_a = a / topo.ranks_per_host, host_b = b / topo.ranks_per_host;
@@ -200,30 +198,71 @@ LinkCost link_of_pairs(const Topology& topo, EachPair each_pair, const LinkCost&
     ++crossing[host_a];
     ++crossing[host_b];
   });
-  const int busiest = *std::max_element(crossing.begin(), crossing.end());
-  if (busiest == 0) return inside;
+  return *std::max_element(crossing.begin(), crossing.end());
+}
+
+// What the rounds of recursive halving or doubling, and the fold before them
+// off a power of two, put on the busiest host link (busiest_crossing), from
+// the topology alone: worked out once for every family and size that one
+// choose() prices (rd and rhd share the rounds).
+class HostCrossings {
+ public:
+  explicit HostCrossings(const Topology& topo) : topo_(topo) {}
+
+  // Round k pairs the positions 2^k apart of the power-of-two group the
+  // ranks fold into (algo::halving_doubling_group).
+  const std::vector<int>& halving_rounds() {
+    if (halving_) return *halving_;
+    halving_.emplace();
+    const std::vector<int> group = algo::halving_doubling_group(topo_.size);
+    const int p = static_cast<int>(group.size());
+    for (int m = 1; m < p; m *= 2) {
+      halving_->push_back(busiest_crossing(topo_, [&](auto visit) {
+        for (int i = 0; i < p; ++i) {
+          if (i < (i ^ m)) visit(group[i], group[i ^ m]);
+        }
+      }));
+    }
+    return *halving_;
+  }
+
+  // The first 2 (size - group) ranks pair up.
+  int fold() {
+    if (fold_) return *fold_;
+    const int p = 1 << log2_floor(topo_.size);
+    fold_ = busiest_crossing(topo_, [&](auto visit) {
+      for (int r = 0; r < 2 * (topo_.size - p); r += 2) visit(r, r + 1);
+    });
+    return *fold_;
+  }
+
+ private:
+  const Topology& topo_;
+  std::optional<std::vector<int>> halving_;
+  std::optional<int> fold_;
+};
+
+// The link exchanges take that put `crossing` of them on the busiest host
+// link (busiest_crossing): across hosts numbered in blocks, shared memory
+// where none crosses, else the host link, whose bandwidth they share;
+// elsewhere (where `crossing` means nothing) shared_by_host.
+LinkCost link_of_crossing(const Topology& topo, int crossing, const LinkCost& flat,
+                          const LinkCost& inside) {
+  if (!hosts_are_blocks(topo)) return shared_by_host(topo, flat);
+  if (crossing == 0) return inside;
   LinkCost link = flat;
-  link.beta_s_per_b *= busiest;
+  link.beta_s_per_b *= crossing;
   return link;
 }
 
-// The link of each round of recursive halving or doubling over `size` ranks,
-// run by the power-of-two group they fold into (algo::halving_doubling_group):
-// round k pairs the group's positions 2^k apart.
-std::vector<LinkCost> halving_round_links(const Topology& topo, const LinkCost& flat,
-                                          const LinkCost& inside) {
+// The link of each round of recursive halving or doubling over `size` ranks.
+std::vector<LinkCost> halving_round_links(const Topology& topo, HostCrossings& crossings,
+                                          const LinkCost& flat, const LinkCost& inside) {
   const int rounds = log2_floor(topo.size);
   if (!hosts_are_blocks(topo)) return std::vector<LinkCost>(rounds, shared_by_host(topo, flat));
-  const std::vector<int> group = algo::halving_doubling_group(topo.size);
-  const int p = static_cast<int>(group.size());
   std::vector<LinkCost> links;
-  for (int m = 1; m < p; m *= 2) {
-    const auto round_pairs = [&](auto visit) {
-      for (int i = 0; i < p; ++i) {
-        if (i < (i ^ m)) visit(group[i], group[i ^ m]);
-      }
-    };
-    links.push_back(link_of_pairs(topo, round_pairs, flat, inside));
+  for (int crossing : crossings.halving_rounds()) {
+    links.push_back(link_of_crossing(topo, crossing, flat, inside));
   }
   return links;
 }
@@ -490,8 +529,10 @@ std::vector<Algorithm> algorithms_for(Collective c, const Topology& topo) {
   return out;
 }
 
-double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
-               const CostModel& measured, bool in_place) {
+namespace {
+
+double predict_with(HostCrossings& crossings, Algorithm a, Collective c, size_t bytes,
+                    const Topology& topo, const CostModel& measured, bool in_place) {
   if (!has_form(a, c, topo)) {
     throw InvalidArgument(std::string("algorithm ") + to_string(a) + " has no " + to_string(c) +
                           " for this world");
@@ -507,16 +548,14 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   const int p = 1 << log2_floor(topo.size);
   // The links of the rounds of recursive halving, and of doubling (the same
   // group of p ranks where each rank has a CPU of its own).
-  const auto halving_links = [&] { return halving_round_links(topo, flat, model.shm); };
+  const auto halving_links = [&] { return halving_round_links(topo, crossings, flat, model.shm); };
   // The first 2 (n - p) ranks pair up, the lower of each pair sending its
   // buffer to the upper and getting the result back. The upper reduces each
   // message as the next comes, so the slower of the link and the reduction
   // sets the pace, and the other adds one message's worth.
   const auto fold_link = [&] {
-    const auto fold_pairs = [&](auto visit) {
-      for (int r = 0; r < 2 * (topo.size - p); r += 2) visit(r, r + 1);
-    };
-    return link_of_pairs(topo, fold_pairs, flat, model.shm);
+    const int crossing = hosts_are_blocks(topo) ? crossings.fold() : 0;
+    return link_of_crossing(topo, crossing, flat, model.shm);
   };
   const auto fold = [&] {
     if (topo.size == p) return 0.0;
@@ -610,11 +649,12 @@ double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
   return std::numeric_limits<double>::infinity();
 }
 
-namespace {
-
 // predict(), anchored to what `a` measured on this world (see choose()).
-double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
-                const CostModel& model, bool in_place) {
+double expected(HostCrossings& crossings, Algorithm a, Collective c, size_t bytes,
+                const Topology& topo, const CostModel& model, bool in_place) {
+  const auto predict = [&](size_t at) {
+    return predict_with(crossings, a, c, at, topo, model, in_place);
+  };
   const MeasuredCost* below = nullptr;  // the largest size measured <= bytes
   const MeasuredCost* above = nullptr;  // the smallest size measured >= bytes
   for (const MeasuredCost& p : model.measured) {
@@ -622,11 +662,10 @@ double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
     if (p.bytes <= bytes && (!below || p.bytes > below->bytes)) below = &p;
     if (p.bytes >= bytes && (!above || p.bytes < above->bytes)) above = &p;
   }
-  if (!below && !above) return predict(a, c, bytes, topo, model, in_place);
+  if (!below && !above) return predict(bytes);
   if (!below) return above->seconds;
   if (!above) {
-    const double beyond = predict(a, c, bytes, topo, model, in_place) -
-                          predict(a, c, below->bytes, topo, model, in_place);
+    const double beyond = predict(bytes) - predict(below->bytes);
     return below->seconds + std::max(0.0, beyond);
   }
   if (above->bytes == below->bytes) return below->seconds;
@@ -636,11 +675,18 @@ double expected(Algorithm a, Collective c, size_t bytes, const Topology& topo,
 
 }  // namespace
 
+double predict(Algorithm a, Collective c, size_t bytes, const Topology& topo,
+               const CostModel& measured, bool in_place) {
+  HostCrossings crossings(topo);
+  return predict_with(crossings, a, c, bytes, topo, measured, in_place);
+}
+
 std::vector<Choice> ranked_choices(Collective c, size_t bytes, const Topology& topo,
                                    const CostModel& model, bool in_place) {
+  HostCrossings crossings(topo);
   std::vector<Choice> out;
   for (Algorithm a : algorithms_for(c, topo))
-    out.push_back({a, expected(a, c, bytes, topo, model, in_place)});
+    out.push_back({a, expected(crossings, a, c, bytes, topo, model, in_place)});
   std::stable_sort(out.begin(), out.end(),
                    [](const Choice& x, const Choice& y) { return x.predicted_s < y.predicted_s; });
   return out;
@@ -649,7 +695,8 @@ std::vector<Choice> ranked_choices(Collective c, size_t bytes, const Topology& t
 Choice choose(Collective c, size_t bytes, const Topology& topo, const CostModel& model,
               Algorithm forced, bool in_place) {
   if (forced != Algorithm::Auto && has_form(forced, c, topo)) {
-    return Choice{forced, expected(forced, c, bytes, topo, model, in_place)};
+    HostCrossings crossings(topo);
+    return Choice{forced, expected(crossings, forced, c, bytes, topo, model, in_place)};
   }
   const std::vector<Choice> ranked = ranked_choices(c, bytes, topo, model, in_place);
   if (ranked.empty()) return Choice{Algorithm::Auto, std::numeric_limits<double>::infinity()};

@@ -185,12 +185,11 @@ bool hosts_are_blocks(const Topology& topo) {
   return topo.hosts > 1 && topo.ranks_by_host && topo.ranks_per_host > 0;
 }
 
-// How many exchanges between pairs of world ranks, all at once, cross the
-// busiest host's link (`each_pair(visit)` calls visit(a, b) for every pair;
-// counted at both ends, a link being duplex), across hosts numbered in
-// blocks: 0 where every pair shares a host.
+// Per host, how many exchanges between pairs of world ranks, all at once,
+// cross its link (`each_pair(visit)` calls visit(a, b) for every pair;
+// counted at both ends, a link being duplex), across hosts numbered in blocks.
 template <typename EachPair>
-int busiest_crossing(const Topology& topo, EachPair each_pair) {
+std::vector<int> crossings_by_host(const Topology& topo, EachPair each_pair) {
   std::vector<int> crossing(static_cast<size_t>(topo.hosts), 0);
   each_pair([&](int a, int b) {
     const int host_a = a / topo.ranks_per_host, host_b = b / topo.ranks_per_host;
@@ -198,48 +197,81 @@ int busiest_crossing(const Topology& topo, EachPair each_pair) {
     ++crossing[host_a];
     ++crossing[host_b];
   });
-  return *std::max_element(crossing.begin(), crossing.end());
+  return crossing;
 }
 
 // What the rounds of recursive halving or doubling, and the fold before them
-// off a power of two, put on the busiest host link (busiest_crossing), from
-// the topology alone: worked out once for every family and size that one
-// choose() prices (rd and rhd share the rounds).
+// off a power of two, put on the host links (crossings_by_host), from the
+// topology alone (hosts numbered in blocks): worked out once for every family
+// and size that one choose() prices (rd and rhd share the rounds).
 class HostCrossings {
  public:
   explicit HostCrossings(const Topology& topo) : topo_(topo) {}
 
-  // Round k pairs the positions 2^k apart of the power-of-two group the
-  // ranks fold into (algo::halving_doubling_group).
+  // The power-of-two group the ranks fold into
+  // (algo::halving_doubling_group): position i < size - group takes rank
+  // 2i's buffer in the fold.
+  const std::vector<int>& group() {
+    if (group_.empty()) group_ = algo::halving_doubling_group(topo_.size);
+    return group_;
+  }
+  // The host of each of the group's positions.
+  const std::vector<int>& group_hosts() {
+    if (!group_hosts_.empty()) return group_hosts_;
+    for (int rank : group()) group_hosts_.push_back(rank / topo_.ranks_per_host);
+    return group_hosts_;
+  }
+
+  // For each round (k pairs the group's positions 2^k apart), how many of
+  // its exchanges the busiest host link carries (0: none crosses).
   const std::vector<int>& halving_rounds() {
-    if (halving_) return *halving_;
-    halving_.emplace();
-    const std::vector<int> group = algo::halving_doubling_group(topo_.size);
-    const int p = static_cast<int>(group.size());
+    if (busiest_) return *busiest_;
+    busiest_.emplace();
+    for (const std::vector<int>& hosts : rounds()) {
+      busiest_->push_back(*std::max_element(hosts.begin(), hosts.end()));
+    }
+    return *busiest_;
+  }
+  // The fold: the first 2 (size - group) ranks pair up.
+  int fold() {
+    const std::vector<int>& hosts = fold_hosts();
+    return *std::max_element(hosts.begin(), hosts.end());
+  }
+  // The fold of position i (rank 2i into 2i + 1): the count of the busier
+  // of its two hosts' links, 0 where it stays on one.
+  int fold_pair(int i) {
+    const std::vector<int>& hosts = fold_hosts();
+    const int host_a = 2 * i / topo_.ranks_per_host, host_b = (2 * i + 1) / topo_.ranks_per_host;
+    return host_a == host_b ? 0 : std::max(hosts[host_a], hosts[host_b]);
+  }
+
+ private:
+  const std::vector<std::vector<int>>& rounds() {
+    if (rounds_) return *rounds_;
+    rounds_.emplace();
+    const int p = static_cast<int>(group().size());
     for (int m = 1; m < p; m *= 2) {
-      halving_->push_back(busiest_crossing(topo_, [&](auto visit) {
+      rounds_->push_back(crossings_by_host(topo_, [&](auto visit) {
         for (int i = 0; i < p; ++i) {
-          if (i < (i ^ m)) visit(group[i], group[i ^ m]);
+          if (i < (i ^ m)) visit(group_[i], group_[i ^ m]);
         }
       }));
     }
-    return *halving_;
+    return *rounds_;
   }
-
-  // The first 2 (size - group) ranks pair up.
-  int fold() {
+  const std::vector<int>& fold_hosts() {
     if (fold_) return *fold_;
     const int p = 1 << log2_floor(topo_.size);
-    fold_ = busiest_crossing(topo_, [&](auto visit) {
+    fold_ = crossings_by_host(topo_, [&](auto visit) {
       for (int r = 0; r < 2 * (topo_.size - p); r += 2) visit(r, r + 1);
     });
     return *fold_;
   }
-
- private:
   const Topology& topo_;
-  std::optional<std::vector<int>> halving_;
-  std::optional<int> fold_;
+  std::vector<int> group_, group_hosts_;
+  std::optional<std::vector<std::vector<int>>> rounds_;
+  std::optional<std::vector<int>> busiest_;
+  std::optional<std::vector<int>> fold_;
 };
 
 // The link exchanges take that put `crossing` of them on the busiest host
@@ -265,6 +297,53 @@ std::vector<LinkCost> halving_round_links(const Topology& topo, HostCrossings& c
     links.push_back(link_of_crossing(topo, crossing, flat, inside));
   }
   return links;
+}
+
+// Recursive halving then doubling in one pass over `bytes`, as its Plan runs
+// off a power of two across hosts numbered in blocks, each rank at its own
+// pace: the group's first size - group ranks take a folded rank's buffer
+// first (a `piece` at a time, each reduced as the next comes; each fold pair
+// on its own link, the busier of its two hosts' where it crosses), the others
+// start at once; in each round a rank is done once its partner's part, sent
+// when the partner began the round, has come (and, halving, its last message
+// is reduced); after the rounds each folded rank gets the result from its
+// partner. In a round an exchange waits for its own link's latency (shared
+// memory's inside a host), and its bytes go at the pace of the round's
+// busiest host link, whose exchanges hold up the ranks met next. Ranks away
+// from the busiest links run ahead, which the rounds one after another at
+// their busiest link's latency miss.
+double folded_halving_doubling_time(const Topology& topo, HostCrossings& crossings, double bytes,
+                                    const LinkCost& flat, const LinkCost& inside, double g) {
+  const std::vector<int>& host = crossings.group_hosts();
+  const int p = static_cast<int>(host.size()), folded = topo.size - p;
+  const auto link = [&](int crossing) { return link_of_crossing(topo, crossing, flat, inside); };
+  const double piece = last_message(bytes, topo);
+  std::vector<double> done(p, 0.0), next(p);
+  for (int i = 0; i < folded; ++i) {
+    const LinkCost fold = link(crossings.fold_pair(i));
+    done[i] = fold.alpha_s + std::max(bytes * fold.beta_s_per_b + piece * g,
+                                      piece * fold.beta_s_per_b + bytes * g);
+  }
+  const auto round = [&](int k, bool halving) {
+    const int mask = 1 << k;
+    const double part = bytes * mask / p;
+    const double reduce = halving ? last_message(part, topo) * g : 0;
+    const double carried = part * link(crossings.halving_rounds()[k]).beta_s_per_b;
+    for (int i = 0; i < p; ++i) {
+      const bool crosses = host[i] != host[i ^ mask];
+      const double arrives = done[i ^ mask] + (crosses ? flat : inside).alpha_s + carried;
+      next[i] = std::max(done[i], arrives) + reduce;
+    }
+    done.swap(next);
+  };
+  const int rounds = log2_floor(p);
+  for (int k = rounds - 1; k >= 0; --k) round(k, true);
+  for (int k = 0; k < rounds; ++k) round(k, false);
+  double last = *std::max_element(done.begin(), done.end());
+  for (int i = 0; i < folded; ++i) {
+    last = std::max(last, done[i] + msg(link(crossings.fold_pair(i)), bytes));
+  }
+  return last;
 }
 
 // One pass of recursive halving (or doubling) of `bytes` over the ranks of
@@ -593,7 +672,12 @@ double predict_with(HostCrossings& crossings, Algorithm a, Collective c, size_t 
                                       last_message(S, topo) * g, partner_copies) +
                  copied;
         }
-        case Algorithm::Rhd: return halving_doubling_time(S, halving_links(), g, topo) + fold();
+        case Algorithm::Rhd:
+          if (topo.size != p && hosts_are_blocks(topo) &&
+              parts(S, static_cast<double>(topo.step_bytes) * p) == 1) {
+            return folded_halving_doubling_time(topo, crossings, S, flat, model.shm, g);
+          }
+          return halving_doubling_time(S, halving_links(), g, topo) + fold();
         case Algorithm::Tree:
           if (S < algo::kDoubleTreeMinBytes && topo.hosts == 1) {
             // One wide tree: on each level a parent's children send to it

@@ -196,17 +196,23 @@ def test_the_double_tree_agrees_where_each_rank_has_one_link(p):
         assert closed / sim.time_s == pytest.approx(1, abs=within), nbytes
 
 
+def hosts_with_model(hosts, per_host):
+    """Topology.hosts with NVLink-like links inside (2 us, 100 GB/s) and NICs outside (8 us,
+    12.5 GB/s), and the cost model of the same links."""
+    nvlink, nic = (2e-6, 100e9), (8e-6, 12.5e9)
+    m = model()
+    m.shm = topo.LinkCost(nvlink[0], 1 / nvlink[1])
+    m.tcp = topo.LinkCost(nic[0], 1 / nic[1])
+    return Topology.hosts(hosts, per_host, nvlink=nvlink, nic=nic), m
+
+
 @pytest.mark.parametrize("hosts,per_host", [(2, 2), (4, 4), (2, 8), (8, 2)])
 def test_halving_doubling_prices_each_round_on_the_link_it_takes(hosts, per_host):
     """Recursive halving's rounds with partners closer than a host's ranks stay inside it; the
     others cross its NIC, which all of its ranks cross at once. Priced so, the closed form's
     allgather is the simulation's, its allreduce within 15 % from 1 MiB (it was 1.2-1.8x with
     every round on the shared NIC)."""
-    nvlink, nic = (2e-6, 100e9), (8e-6, 12.5e9)
-    world = Topology.hosts(hosts, per_host, nvlink=nvlink, nic=nic)
-    m = model()
-    m.shm = topo.LinkCost(nvlink[0], 1 / nvlink[1])
-    m.tcp = topo.LinkCost(nic[0], 1 / nic[1])
+    world, m = hosts_with_model(hosts, per_host)
     for collective, within in (("allgather", 0.01), ("allreduce", 0.15)):
         for nbytes in (1 << 20, 1 << 24):
             sim = topo.simulate("rhd", world, nbytes, collective=collective, gamma_s_per_b=GAMMA)
@@ -221,11 +227,7 @@ def test_folded_rounds_off_a_power_of_two_are_priced_on_the_links_they_take(host
     recursive doubling's small buffers agree with the simulation within 5 %, halving/doubling
     within 10 % at 1 MiB (every round and the fold on the shared host link made them 1.3-1.8x
     and 1.2-2.4x)."""
-    nvlink, nic = (2e-6, 100e9), (8e-6, 12.5e9)
-    world = Topology.hosts(hosts, per_host, nvlink=nvlink, nic=nic)
-    m = model()
-    m.shm = topo.LinkCost(nvlink[0], 1 / nvlink[1])
-    m.tcp = topo.LinkCost(nic[0], 1 / nic[1])
+    world, m = hosts_with_model(hosts, per_host)
     for family, nbytes, within in (("rd", 64, 0.05), ("rd", 4096, 0.05), ("rhd", 1 << 20, 0.1)):
         sim = topo.simulate(family, world, nbytes, gamma_s_per_b=GAMMA)
         closed = topo.predict(family, "allreduce", nbytes, world, m)
@@ -239,11 +241,7 @@ def test_halving_doubling_off_a_power_of_two_times_each_rank_in_small_buffers(ho
     waits for its own link's latency (shared memory inside a host), so that ranks away from the
     busiest host link run ahead: within 15 % of the simulation, where the rounds one after another
     at their busiest link were up to 1.5x (2x3 at 64 B)."""
-    nvlink, nic = (2e-6, 100e9), (8e-6, 12.5e9)
-    world = Topology.hosts(hosts, per_host, nvlink=nvlink, nic=nic)
-    m = model()
-    m.shm = topo.LinkCost(nvlink[0], 1 / nvlink[1])
-    m.tcp = topo.LinkCost(nic[0], 1 / nic[1])
+    world, m = hosts_with_model(hosts, per_host)
     p = hosts * per_host
     for nbytes in (64, 4096, 1 << 16):
         nbytes = max(4 * p, nbytes // (4 * p) * 4 * p)
@@ -258,11 +256,7 @@ def test_the_tree_across_hosts_prices_the_edges_that_cross_them(hosts, per_host)
     host link (or a parent's own link): the in-order tree of small buffers agrees with the
     simulation within 3 %, the double tree within 15 % in one round (1 MiB); a host link shared
     by all of a host's ranks on every level made them 1.2-9x."""
-    nvlink, nic = (2e-6, 100e9), (8e-6, 12.5e9)
-    world = Topology.hosts(hosts, per_host, nvlink=nvlink, nic=nic)
-    m = model()
-    m.shm = topo.LinkCost(nvlink[0], 1 / nvlink[1])
-    m.tcp = topo.LinkCost(nic[0], 1 / nic[1])
+    world, m = hosts_with_model(hosts, per_host)
     p = hosts * per_host
     for nbytes, within in ((4 * p, 0.03), (4096, 0.03), (1 << 20, 0.15)):
         sim = topo.simulate("tree", world, nbytes, gamma_s_per_b=GAMMA)

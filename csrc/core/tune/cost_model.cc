@@ -227,7 +227,13 @@ class HostCrossings {
   const std::vector<int>& halving_rounds() {
     if (busiest_) return *busiest_;
     busiest_.emplace();
-    for (const std::vector<int>& hosts : rounds()) {
+    const int p = static_cast<int>(group().size());
+    for (int m = 1; m < p; m *= 2) {
+      const std::vector<int> hosts = crossings_by_host(topo_, [&](auto visit) {
+        for (int i = 0; i < p; ++i) {
+          if (i < (i ^ m)) visit(group_[i], group_[i ^ m]);
+        }
+      });
       busiest_->push_back(*std::max_element(hosts.begin(), hosts.end()));
     }
     return *busiest_;
@@ -246,19 +252,6 @@ class HostCrossings {
   }
 
  private:
-  const std::vector<std::vector<int>>& rounds() {
-    if (rounds_) return *rounds_;
-    rounds_.emplace();
-    const int p = static_cast<int>(group().size());
-    for (int m = 1; m < p; m *= 2) {
-      rounds_->push_back(crossings_by_host(topo_, [&](auto visit) {
-        for (int i = 0; i < p; ++i) {
-          if (i < (i ^ m)) visit(group_[i], group_[i ^ m]);
-        }
-      }));
-    }
-    return *rounds_;
-  }
   const std::vector<int>& fold_hosts() {
     if (fold_) return *fold_;
     const int p = 1 << log2_floor(topo_.size);
@@ -269,7 +262,6 @@ class HostCrossings {
   }
   const Topology& topo_;
   std::vector<int> group_, group_hosts_;
-  std::optional<std::vector<std::vector<int>>> rounds_;
   std::optional<std::vector<int>> busiest_;
   std::optional<std::vector<int>> fold_;
 };

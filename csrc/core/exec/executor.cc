@@ -396,9 +396,7 @@ class Run {
   bool advance_fused(const Step& s, StepProgress& p) {
     Connection* rc = connection(s, s.recv_peer);
     Connection* sc = connection(s, s.send_peer);
-    // Sender and receiver must cut the stream identically: one slice size
-    // for the whole world, whatever connections this rank's step uses.
-    const size_t slice = std::max<size_t>(1, op_.slice_bytes / elem_);
+    const size_t slice = fused_slice();
     const int div = divisor(s);
     for (; p.off < s.count; p.off += std::min(slice, s.count - p.off)) {
       const size_t len = std::min(slice, s.count - p.off);
@@ -423,7 +421,7 @@ class Run {
         continue;
       }
       // Plain receive into its destination: straight into place.
-      if (rc && !sc && !local && div == 0) {
+      if (receives_into_place(s)) {
         if (!receive(op_.streaming)) return false;
         continue;
       }
@@ -490,13 +488,21 @@ class Run {
     }
   }
 
-  // The same for a Fused step that only receives into its destination (see
-  // advance_fused's plain receive).
+  // The same for a Fused step that only receives into its destination.
   void expect_fused_receive(const Step& s) const {
-    Connection* rc = connection(s, s.recv_peer);
-    if (!rc || s.send_peer >= 0 || s.local || !s.dst || divisor(s) != 0 || s.count == 0) return;
-    const size_t slice = std::max<size_t>(1, op_.slice_bytes / elem_) * elem_;
-    rc->expect_receives(address(*s.dst), s.count * elem_, slice);
+    if (!receives_into_place(s) || !s.dst || s.count == 0) return;
+    connection(s, s.recv_peer)
+        ->expect_receives(address(*s.dst), s.count * elem_, fused_slice() * elem_);
+  }
+
+  // The elements of a Fused step's slice (a message). Sender and receiver
+  // must cut the stream identically: one slice size for the whole world,
+  // whatever connections this rank's step uses.
+  size_t fused_slice() const { return std::max<size_t>(1, op_.slice_bytes / elem_); }
+
+  // A Fused step that only receives, as it comes, into its destination.
+  bool receives_into_place(const Step& s) const {
+    return s.recv_peer >= 0 && s.send_peer < 0 && !s.local && divisor(s) == 0;
   }
 
   // Moves one message if the connection accepts it now.

@@ -267,7 +267,7 @@ class HostCrossings {
 };
 
 // The link exchanges take that put `crossing` of them on the busiest host
-// link (busiest_crossing): across hosts numbered in blocks, shared memory
+// link (HostCrossings): across hosts numbered in blocks, shared memory
 // where none crosses, else the host link, whose bandwidth they share;
 // elsewhere (where `crossing` means nothing) shared_by_host.
 LinkCost link_of_crossing(const Topology& topo, int crossing, const LinkCost& flat,
@@ -277,6 +277,14 @@ LinkCost link_of_crossing(const Topology& topo, int crossing, const LinkCost& fl
   LinkCost link = flat;
   link.beta_s_per_b *= crossing;
   return link;
+}
+
+// A folded rank's buffer of `bytes` into its partner over `link`, which
+// reduces each message (at most a `piece`) as the next comes: the slower of
+// the link and the reduction sets the pace, and the other adds one message's.
+double fold_in_time(const LinkCost& link, double bytes, double piece, double g) {
+  return link.alpha_s +
+         std::max(bytes * link.beta_s_per_b + piece * g, piece * link.beta_s_per_b + bytes * g);
 }
 
 // The link of each round of recursive halving or doubling over `size` ranks.
@@ -312,9 +320,7 @@ double folded_halving_doubling_time(const Topology& topo, HostCrossings& crossin
   const double piece = last_message(bytes, topo);
   std::vector<double> done(p, 0.0), next(p);
   for (int i = 0; i < folded; ++i) {
-    const LinkCost fold = link(crossings.fold_pair(i));
-    done[i] = fold.alpha_s + std::max(bytes * fold.beta_s_per_b + piece * g,
-                                      piece * fold.beta_s_per_b + bytes * g);
+    done[i] = fold_in_time(link(crossings.fold_pair(i)), bytes, piece, g);
   }
   const auto round = [&](int k, bool halving) {
     const int mask = 1 << k;
@@ -621,9 +627,7 @@ double predict_with(HostCrossings& crossings, Algorithm a, Collective c, size_t 
   // group of p ranks where each rank has a CPU of its own).
   const auto halving_links = [&] { return halving_round_links(topo, crossings, flat, model.shm); };
   // The first 2 (n - p) ranks pair up, the lower of each pair sending its
-  // buffer to the upper and getting the result back. The upper reduces each
-  // message as the next comes, so the slower of the link and the reduction
-  // sets the pace, and the other adds one message's worth.
+  // buffer to the upper (fold_in_time) and getting the result back.
   const auto fold_link = [&] {
     const int crossing = hosts_are_blocks(topo) ? crossings.fold() : 0;
     return link_of_crossing(topo, crossing, flat, model.shm);
@@ -631,10 +635,7 @@ double predict_with(HostCrossings& crossings, Algorithm a, Collective c, size_t 
   const auto fold = [&] {
     if (topo.size == p) return 0.0;
     const LinkCost link = fold_link();
-    const double piece = last_message(S, topo);
-    const double in = link.alpha_s + std::max(S * link.beta_s_per_b + piece * g,
-                                              piece * link.beta_s_per_b + S * g);
-    return in + msg(link, S);
+    return fold_in_time(link, S, last_message(S, topo), g) + msg(link, S);
   };
   // A local copy of the buffer: about half a shared-memory message, which
   // copies the bytes in and out again.
